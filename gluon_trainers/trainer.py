@@ -1,0 +1,30 @@
+"""A Gluon Trainer that sends all keys of a step in one kvstore call."""
+from __future__ import annotations
+
+from mxnet import gluon
+
+
+class Trainer(gluon.Trainer):
+    """``gluon.Trainer`` with the same constructor and ``step``, batched on the wire.
+
+    Stock ``gluon.Trainer`` calls ``kvstore.pushpull`` once per parameter, which costs one
+    round trip per key.  This one makes a single list call per step, which a kvstore_ext
+    store (and MXNet's own stores) turn into one message per server.
+    """
+
+    def _allreduce_grads(self):
+        if not self._kvstore:
+            return
+        keys, grads, outs = [], [], []
+        for i, param in enumerate(self._params):
+            if param.grad_req == "null":
+                continue
+            grad_list = param.list_grad()
+            if grad_list[0].stype != "default":
+                # sparse gradients keep the stock per-key push and pull
+                return super()._allreduce_grads()
+            keys.append(i)
+            grads.append(grad_list)
+            outs.append(param.list_data() if self._update_on_kvstore else grad_list)
+        if keys:
+            self._kvstore.pushpull(keys, grads, out=outs)

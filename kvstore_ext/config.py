@@ -1,0 +1,172 @@
+"""Store types, their parameters, and the job environment (``KVX_*`` variables).
+
+The role and address variables are deliberately not MXNet's ``DMLC_*`` names:
+``import mxnet`` in a process whose ``DMLC_ROLE`` is ``server`` turns it into an
+MXNet ps-lite server.  ``DMLC_*`` stays free for running MXNet's own stores
+side by side as baselines.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from .policies import check_staleness
+
+ROLE = "KVX_ROLE"
+SCHEDULER_HOST = "KVX_SCHEDULER_HOST"
+SCHEDULER_PORT = "KVX_SCHEDULER_PORT"
+NUM_WORKER = "KVX_NUM_WORKER"
+NUM_SERVER = "KVX_NUM_SERVER"
+SECRET = "KVX_SECRET"
+NODE_HOST = "KVX_NODE_HOST"
+WORKER_RANK = "KVX_WORKER_RANK"
+STORE_PARAMS = "KVX_STORE_PARAMS"
+ON_WORKER_DEATH = "KVX_ON_WORKER_DEATH"
+HEARTBEAT_INTERVAL = "KVX_HEARTBEAT_INTERVAL"
+HEARTBEAT_TIMEOUT = "KVX_HEARTBEAT_TIMEOUT"
+METRICS_DIR = "KVX_METRICS_DIR"
+BIGARRAY_BOUND = "KVX_BIGARRAY_BOUND"
+
+#: every job variable, for launchers that forward the environment
+JOB_VARIABLES = (ROLE, SCHEDULER_HOST, SCHEDULER_PORT, NUM_WORKER, NUM_SERVER, SECRET, NODE_HOST,
+                 WORKER_RANK, STORE_PARAMS, ON_WORKER_DEATH, HEARTBEAT_INTERVAL, HEARTBEAT_TIMEOUT,
+                 METRICS_DIR, BIGARRAY_BOUND)
+
+#: what makes a process a node of one particular job (never inherited by a new job)
+IDENTITY_VARIABLES = (ROLE, SCHEDULER_HOST, SCHEDULER_PORT, NUM_WORKER, NUM_SERVER, SECRET,
+                      NODE_HOST, WORKER_RANK)
+
+ON_DEATH_CHOICES = ("fail", "continue")
+
+
+def _no_params(params: dict) -> dict:
+    return {}
+
+
+def _ssp_params(params: dict) -> dict:
+    return {"staleness": check_staleness("staleness", params.get("staleness", 3))}
+
+
+#: store type -> (parameter names, validator returning the normalised parameters)
+STORE_TYPES = {
+    "dist_bsp": ((), _no_params),
+    "dist_asp": ((), _no_params),
+    "dist_ssp": (("staleness",), _ssp_params),
+}
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """A store type with its validated parameters; every worker of a job must agree on it."""
+
+    type: str
+    params: dict = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, store_type: str, params: dict | None = None) -> "StoreConfig":
+        name = str(store_type).lower()
+        if name not in STORE_TYPES:
+            raise ValueError(f"unknown kvstore type {store_type!r}; kvstore_ext provides "
+                             f"{', '.join(sorted(STORE_TYPES))}")
+        allowed, validate = STORE_TYPES[name]
+        params = dict(params or {})
+        unknown = sorted(set(params) - set(allowed))
+        if unknown:
+            what = ", ".join(allowed) if allowed else "none"
+            raise ValueError(f"unknown parameter {unknown[0]!r} for kvstore type {name!r} "
+                             f"(its parameters: {what})")
+        return cls(name, validate(params))
+
+    def describe(self) -> str:
+        inner = ", ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+        return f"{self.type}({inner})"
+
+    def to_wire(self) -> dict:
+        return {"type": self.type, "params": self.params}
+
+
+def params_from_env() -> dict:
+    """Store parameters given to the whole job by ``launch.py --kv-param`` (JSON)."""
+    raw = os.environ.get(STORE_PARAMS, "").strip()
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{STORE_PARAMS} is not valid JSON: {raw!r} ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{STORE_PARAMS} must be a JSON object, got {raw!r}")
+    return value
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {raw!r}")
+    return value
+
+
+@dataclass
+class JobEnv:
+    """Where the scheduler is and how the job behaves, read from ``KVX_*`` variables."""
+
+    scheduler_host: str
+    scheduler_port: int
+    num_workers: int
+    num_servers: int
+    secret: bytes
+    node_host: str
+    worker_rank: int | None
+    on_worker_death: str
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    metrics_dir: str | None
+    bigarray_bound: int
+
+    @classmethod
+    def from_environ(cls, role: str) -> "JobEnv":
+        env = os.environ
+        missing = [v for v in (SCHEDULER_HOST, SCHEDULER_PORT, NUM_WORKER, NUM_SERVER, SECRET)
+                   if not env.get(v)]
+        if missing:
+            raise RuntimeError(
+                f"kvstore_ext {role}: {', '.join(missing)} not set. Distributed stores run in a job "
+                f"started by scripts/launch.py, e.g. `python scripts/launch.py -n 2 -s 1 "
+                f"--launcher local python train.py`")
+        on_death = env.get(ON_WORKER_DEATH, "fail")
+        if on_death not in ON_DEATH_CHOICES:
+            raise ValueError(f"{ON_WORKER_DEATH} must be one of {ON_DEATH_CHOICES}, got {on_death!r}")
+        # an MPI launcher gives each worker its rank in its own variable
+        rank = env.get(WORKER_RANK) or env.get("OMPI_COMM_WORLD_RANK") or env.get("PMI_RANK")
+        try:
+            secret = bytes.fromhex(env[SECRET])
+        except ValueError:
+            raise ValueError(f"{SECRET} must be hex (as launch.py makes it)") from None
+        if len(secret) < 16:
+            raise ValueError(f"{SECRET} must hold at least 16 bytes (32 hex digits)")
+        interval = _env_float(HEARTBEAT_INTERVAL, 1.0)
+        return cls(
+            scheduler_host=env[SCHEDULER_HOST],
+            scheduler_port=int(env[SCHEDULER_PORT]),
+            num_workers=int(env[NUM_WORKER]),
+            num_servers=int(env[NUM_SERVER]),
+            secret=secret,
+            node_host=env.get(NODE_HOST) or env[SCHEDULER_HOST],
+            worker_rank=int(rank) if rank not in (None, "") else None,
+            on_worker_death=on_death,
+            heartbeat_interval=interval,
+            heartbeat_timeout=_env_float(HEARTBEAT_TIMEOUT, max(10.0, 5 * interval)),
+            metrics_dir=env.get(METRICS_DIR) or None,
+            bigarray_bound=int(env.get(BIGARRAY_BOUND, "1000000")),
+        )
+
+    @property
+    def scheduler_address(self) -> str:
+        return f"tcp://{self.scheduler_host}:{self.scheduler_port}"

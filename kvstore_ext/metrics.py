@@ -1,0 +1,119 @@
+"""Counters every store reports: readable live with ``kv.stats()``, written as JSON at the end."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+
+class Histogram:
+    """Counts of integer values (staleness, lead at OK)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+
+    def add(self, value: int, n: int = 1) -> None:
+        self.counts[value] = self.counts.get(value, 0) + n
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def max(self) -> int | None:
+        return max(self.counts) if self.counts else None
+
+    def to_dict(self) -> dict:
+        return {str(k): v for k, v in sorted(self.counts.items())}
+
+
+class ServerMetrics:
+    """Per server: pushes applied and dropped; per worker: staleness and lead at OK."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.started = time.time()
+        self.pushes_received = 0
+        self.pushes_applied = 0
+        self.pushes_dropped = 0
+        self.updates = 0
+        self.staleness: dict[int, Histogram] = {}
+        self.lead_at_ok: dict[int, Histogram] = {}
+        self.errors = 0
+        self.rejected_unauthenticated = 0
+
+    def record_ok(self, worker: int, lead: int) -> None:
+        self.lead_at_ok.setdefault(worker, Histogram()).add(lead)
+
+    def record_staleness(self, worker: int, staleness: int) -> None:
+        self.staleness.setdefault(worker, Histogram()).add(staleness)
+
+    def to_dict(self) -> dict:
+        return {
+            "server": self.rank,
+            "uptime_s": time.time() - self.started,
+            "pushes_received": self.pushes_received,
+            "pushes_applied": self.pushes_applied,
+            "pushes_dropped": self.pushes_dropped,
+            "updates": self.updates,
+            "errors": self.errors,
+            "rejected_unauthenticated": self.rejected_unauthenticated,
+            "staleness": {str(w): h.to_dict() for w, h in sorted(self.staleness.items())},
+            "lead_at_ok": {str(w): h.to_dict() for w, h in sorted(self.lead_at_ok.items())},
+            "max_lead_at_ok": {str(w): h.max for w, h in sorted(self.lead_at_ok.items())},
+        }
+
+
+class WorkerMetrics:
+    """Per worker: iterations, compute time, time waiting for OK, bytes moved."""
+
+    def __init__(self) -> None:
+        self.pushes: dict[object, int] = {}
+        self.calls = 0
+        self.wait_time = 0.0
+        self.compute_time = 0.0
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._last_end: float | None = None
+        self._call_start = 0.0
+
+    def begin_call(self) -> None:
+        now = time.perf_counter()
+        if self._last_end is not None:
+            self.compute_time += now - self._last_end
+        self._call_start = now
+
+    def end_call(self) -> None:
+        now = time.perf_counter()
+        self.wait_time += now - self._call_start
+        self._last_end = now
+        self.calls += 1
+
+    def count_pushes(self, keys) -> None:
+        for k in keys:
+            self.pushes[k] = self.pushes.get(k, 0) + 1
+
+    @property
+    def iterations(self) -> int:
+        return max(self.pushes.values()) if self.pushes else 0
+
+    def to_dict(self) -> dict:
+        return {
+            "iterations": self.iterations,
+            "calls": self.calls,
+            "compute_time_s": self.compute_time,
+            "wait_time_s": self.wait_time,
+            "wait_share": self.wait_time / max(1e-12, self.wait_time + self.compute_time),
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+        }
+
+
+def write_json(directory: str, name: str, data: dict) -> str:
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, name)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,46 @@
+"""Bulk synchronous parallel: MXNet's ``dist_sync``."""
+from __future__ import annotations
+
+from .base import Decision, SyncPolicy
+
+
+class BSPPolicy(SyncPolicy):
+    """Gather one push of the key from every live worker, apply once, release all."""
+
+    name = "dist_bsp"
+
+    def __init__(self, workers):
+        super().__init__(workers)
+        self.pushed: list[int] = []   # live workers that pushed in the current round
+        self.gathered = 0             # pushes in the current round, a departed worker's included
+
+    def check_push(self, worker: int) -> str | None:
+        problem = super().check_push(worker)
+        if problem is None and worker in self.pushed:
+            problem = (f"worker {worker} pushed twice in one synchronous round "
+                       f"(round {self.clocks.clock[worker]}); wait for its pull first")
+        return problem
+
+    def on_push(self, worker: int, now: float) -> Decision:
+        self._check_member(worker)
+        self.clocks.tick(worker)
+        self.pushed.append(worker)
+        self.gathered += 1
+        return self._close_round_if_complete()
+
+    def remove_worker(self, worker: int, now: float) -> Decision:
+        """A departed worker's gathered gradient stays in the round's sum."""
+        if worker not in self.clocks:
+            return Decision()
+        self.clocks.remove(worker)
+        if worker in self.pushed:
+            self.pushed.remove(worker)
+        return self._close_round_if_complete()
+
+    def _close_round_if_complete(self) -> Decision:
+        if self.gathered == 0 or len(self.pushed) < len(self.clocks):
+            return Decision()
+        released = [(w, 0) for w in self.pushed]
+        self.pushed = []
+        self.gathered = 0
+        return Decision(apply=True, released=released)

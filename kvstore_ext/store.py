@@ -1,0 +1,360 @@
+"""The worker side of the parameter-server stores, as MXNet ``KVStoreBase`` classes.
+
+``gluon.Trainer(..., kvstore='dist_ssp')`` finds these through MXNet's
+registry.  Each call turns its keys into one message per server (all keys of a
+list call travel together), waits for the replies and writes the pulled values
+into the output arrays.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+
+import mxnet as mx
+import numpy as np
+from mxnet.kvstore import KVStoreBase
+
+from . import config as cfg
+from .client import Connection, KVStoreError
+from .metrics import WorkerMetrics, write_json
+from .partition import Partitioner
+
+_connection: Connection | None = None
+
+
+def _shared_connection(store: cfg.StoreConfig) -> Connection:
+    """One job link per process, as MXNet has one ps-lite node per process."""
+    global _connection
+    if _connection is None or _connection.closed:
+        _connection = Connection(store)
+        _connection.store = store
+    elif _connection.store != store:
+        raise KVStoreError(f"this process already joined the job with {_connection.store.describe()}; "
+                           f"it cannot also use {store.describe()}")
+    return _connection
+
+
+def _as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _pairs(key, value, what="value"):
+    """``[(key, value)]`` for a single key or the list form."""
+    if isinstance(key, (list, tuple)):
+        values = _as_list(value)
+        if len(values) != len(key):
+            raise ValueError(f"{len(key)} keys but {len(values)} {what}s")
+        return list(zip(key, values))
+    return [(key, value)]
+
+
+def _check_key(key):
+    if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer, str)):
+        raise TypeError(f"kvstore keys are int or str, got {key!r} ({type(key).__name__})")
+    return int(key) if isinstance(key, np.integer) else key
+
+
+class ParameterServerStore(KVStoreBase):
+    """Worker side shared by ``dist_bsp``, ``dist_asp`` and ``dist_ssp``."""
+
+    store_type = ""
+
+    def __init__(self, **params):
+        env_params = cfg.params_from_env()
+        allowed = set(cfg.STORE_TYPES[self.store_type][0])
+        known_anywhere = {p for names, _ in cfg.STORE_TYPES.values() for p in names}
+        unknown = sorted(set(env_params) - known_anywhere)
+        if unknown:
+            raise ValueError(f"{cfg.STORE_PARAMS} names an unknown kvstore parameter {unknown[0]!r}")
+        merged = {k: v for k, v in env_params.items() if k in allowed}
+        merged.update(params)
+        self._config = cfg.StoreConfig.build(self.store_type, merged)
+        self._conn = _shared_connection(self._config)
+        self._part = Partitioner(self._conn.num_servers, self._conn.env.bigarray_bound)
+        self._meta: dict = {}          # key -> (shape, dtype)
+        self._updater = None           # gluon.Trainer.load_states reads _updater.optimizer
+        self._metrics = WorkerMetrics()
+
+    # -- properties MXNet asks for ----------------------------------------------------------
+    @property
+    def type(self) -> str:
+        return self._config.type
+
+    @property
+    def params(self) -> dict:
+        """The store's parameters (for example ``{'staleness': 3}``)."""
+        return dict(self._config.params)
+
+    @property
+    def rank(self) -> int:
+        return self._conn.rank
+
+    @property
+    def num_workers(self) -> int:
+        return self._conn.num_workers
+
+    @property
+    def num_servers(self) -> int:
+        return self._conn.num_servers
+
+    @staticmethod
+    def is_capable(capability):
+        if capability.lower() == KVStoreBase.OPTIMIZER:
+            return True
+        raise ValueError(f"Unknown capability: {capability}")
+
+    # -- data plane ---------------------------------------------------------------------------
+    def init(self, key, value):
+        """Create keys on the servers; worker 0's values win, as in MXNet."""
+        items: dict[int, tuple[list, list]] = {}
+        send_values = self.rank == 0
+        for k, v in _pairs(key, value):
+            k = _check_key(k)
+            v = _as_list(v)[0]
+            shape, dtype = tuple(v.shape), np.dtype(v.dtype)
+            known = self._meta.get(k)
+            if known is not None and known != (shape, dtype):
+                raise KVStoreError(f"key {k!r} is already initialised with shape {known[0]} "
+                                   f"{known[1].name}; cannot initialise it again with shape "
+                                   f"{shape} {dtype.name}")
+            flat = v.asnumpy().reshape(-1) if send_values else None
+            for b in self._part.blocks(k, int(np.prod(shape)) if shape else 1):
+                entry = items.setdefault(b.server, ([], []))
+                entry[0].append([k, b.index, dtype.str, list(shape), b.size])
+                if send_values:
+                    entry[1].append(np.ascontiguousarray(flat[b.start:b.stop]))
+        self._conn.request({s: ({"op": "init", "items": its, "has_value": send_values}, bufs)
+                            for s, (its, bufs) in items.items()})
+        for k, v in _pairs(key, value):
+            v = _as_list(v)[0]
+            self._meta[_check_key(k)] = (tuple(v.shape), np.dtype(v.dtype))
+
+    def broadcast(self, key, value, out, priority=0):
+        self.init(key, value)
+        self.pull(key, out=out, priority=priority)
+
+    def push(self, key, value, priority=0):
+        """Push gradients; returns once the servers give OK (the store's synchronisation)."""
+        self._exchange("push", _pairs(key, value), None)
+
+    def pull(self, key, out=None, priority=0, ignore_sparse=True):
+        if out is None:
+            raise ValueError("pull needs out=")
+        self._exchange("pull", [(k, None) for k, _ in _pairs(key, out, "out")], _pairs(key, out, "out"))
+
+    def pushpull(self, key, value, out=None, priority=0):
+        """Push gradients and pull the weights back in one round trip per server."""
+        pairs = _pairs(key, value)
+        outs = _pairs(key, out, "out") if out is not None else pairs
+        self._exchange("pushpull", pairs, outs)
+
+    def _exchange(self, op: str, pairs, outs) -> None:
+        self._metrics.begin_call()
+        try:
+            plan = self._plan(op, pairs)
+            replies = self._conn.request({s: ({"op": op, "items": its}, bufs)
+                                          for s, (its, bufs, _) in plan.items()})
+            if op != "pull":
+                self._metrics.count_pushes(k for k, _ in pairs)
+            if outs is not None:
+                self._write_outs(plan, replies, outs)
+        finally:
+            self._metrics.end_call()
+
+    def _plan(self, op: str, pairs):
+        """Per server: the items, the gradient buffers, and which (key, block) each item is."""
+        plan: dict[int, tuple[list, list, list]] = {}
+        for k, v in pairs:
+            k = _check_key(k)
+            meta = self._meta.get(k)
+            if meta is None:
+                raise KVStoreError(f"key {k!r} has not been initialised on this kvstore "
+                                   f"(call kv.init({k!r}, value) or kv.broadcast first)")
+            shape, dtype = meta
+            flat = None
+            if v is not None:
+                flat = self._local_sum(k, v, shape, dtype)
+            for b in self._part.blocks(k, int(np.prod(shape)) if shape else 1):
+                its, bufs, where = plan.setdefault(b.server, ([], [], []))
+                its.append([k, b.index, dtype.str, b.size])
+                where.append(b)
+                if flat is not None:
+                    bufs.append(flat[b.start:b.stop])
+        return plan
+
+    @staticmethod
+    def _local_sum(key, value, shape, dtype) -> np.ndarray:
+        arrays = _as_list(value)
+        total = None
+        for a in arrays:
+            if tuple(a.shape) != shape:
+                raise KVStoreError(f"key {key!r}: pushed shape {tuple(a.shape)}, but the key was "
+                                   f"initialised with shape {shape}")
+            if np.dtype(a.dtype) != dtype:
+                raise KVStoreError(f"key {key!r}: pushed dtype {np.dtype(a.dtype).name}, but the "
+                                   f"key was initialised as {dtype.name}")
+            x = a.asnumpy()
+            total = x if total is None else total + x
+        return total.reshape(-1)
+
+    def _write_outs(self, plan, replies, outs) -> None:
+        parts: dict = {}
+        for server, (_, _, where) in plan.items():
+            _, buffers = replies[server]
+            for b, buf in zip(where, buffers):
+                parts.setdefault(b.key, []).append((b, buf))
+        for k, out in outs:
+            k = _check_key(k)
+            shape, dtype = self._meta[k]
+            blocks = parts[k]
+            if len(blocks) == 1:
+                value = np.frombuffer(blocks[0][1], dtype=dtype).reshape(shape)
+            else:
+                value = np.empty(int(np.prod(shape)), dtype=dtype)
+                for b, buf in blocks:
+                    value[b.start:b.stop] = np.frombuffer(buf, dtype=dtype)
+                value = value.reshape(shape)
+            for o in _as_list(out):
+                if tuple(o.shape) != shape:
+                    raise KVStoreError(f"key {k!r}: out has shape {tuple(o.shape)}, but the key "
+                                       f"has shape {shape}")
+                o._sync_copyfrom(value)
+
+    # -- optimizer ----------------------------------------------------------------------------
+    def set_optimizer(self, optimizer):
+        """Send MXNet's optimizer (pickled, authenticated) to every server."""
+        blob = pickle.dumps(optimizer)
+        self._conn.request({s: ({"op": "set_optimizer"}, [blob])
+                            for s in range(self.num_servers)})
+        self._updater = mx.optimizer.get_updater(optimizer)
+
+    def save_optimizer_states(self, fname, dump_optimizer=False):
+        """Gather the servers' optimizer states into MXNet's Updater file format."""
+        replies = self._conn.request({s: ({"op": "get_states"}, [])
+                                      for s in range(self.num_servers)})
+        per_key: dict = {}
+        for server, (header, buffers) in replies.items():
+            states = pickle.loads(bytes(buffers[0]))   # authenticated reply
+            for key, block in header["blocks"]:
+                if key in states:
+                    per_key.setdefault(key, {})[block] = states[key]
+        merged = {}
+        for key, blocks in per_key.items():
+            shape = self._meta[key][0] if key in self._meta else None
+            merged[key] = _merge_state([blocks[i] for i in sorted(blocks)], shape)
+        optimizer = self._updater.optimizer if self._updater is not None else None
+        with open(fname, "wb") as f:
+            f.write(pickle.dumps((merged, optimizer) if dump_optimizer else merged))
+
+    def load_optimizer_states(self, fname):
+        with open(fname, "rb") as f:
+            loaded = pickle.loads(f.read())
+        if isinstance(loaded, tuple) and len(loaded) == 2 and isinstance(loaded[1], mx.optimizer.Optimizer):
+            states, optimizer = loaded
+        else:
+            states, optimizer = loaded, None
+        per_server: dict[int, dict] = {s: {} for s in range(self.num_servers)}
+        for key, state in states.items():
+            shape = self._meta[key][0] if key in self._meta else None
+            size = int(np.prod(shape)) if shape else _state_size(state)
+            for b in self._part.blocks(key, size):
+                per_server[b.server][key] = _slice_state(state, b.start, b.stop)
+        self._conn.request({s: ({"op": "set_states"}, [pickle.dumps((st, optimizer))])
+                            for s, st in per_server.items()})
+        if optimizer is not None or self._updater is None:
+            self._updater = mx.optimizer.get_updater(optimizer or mx.optimizer.SGD())
+        self._updater.states = states
+
+    # -- job ----------------------------------------------------------------------------------
+    def barrier(self):
+        """Wait until every live worker of the job reaches this point."""
+        self._conn.scheduler_call({"op": "barrier"})
+
+    def stats(self) -> dict:
+        """This worker's metrics and every server's, read live."""
+        replies = self._conn.request({s: ({"op": "stats"}, []) for s in range(self.num_servers)})
+        return {"type": self.type, "params": self.params, "rank": self.rank,
+                "num_workers": self.num_workers, "worker": self._metrics.to_dict(),
+                "servers": [replies[s][0]["stats"] for s in sorted(replies)]}
+
+    def save_metrics(self, path: str | None = None) -> str | None:
+        """Write :meth:`stats` as JSON (default: ``$KVX_METRICS_DIR/worker-<rank>.json``)."""
+        data = self.stats()
+        if path is None:
+            if not self._conn.env.metrics_dir:
+                return None
+            return write_json(self._conn.env.metrics_dir, f"worker-{self.rank}.json", data)
+        return write_json(os.path.dirname(os.path.abspath(path)), os.path.basename(path), data)
+
+    def close(self):
+        """Leave the job (also done at interpreter exit)."""
+        self._conn.close()
+
+
+def _merge_state(blocks, shape):
+    """Join one key's per-block optimizer states (NDArrays, tuples of them, or None)."""
+    first = blocks[0]
+    if first is None:
+        return None
+    if isinstance(first, (tuple, list)):
+        return type(first)(_merge_state([b[i] for b in blocks], shape) for i in range(len(first)))
+    if isinstance(first, mx.nd.NDArray):
+        flat = first if len(blocks) == 1 else mx.nd.concat(*[b.reshape(-1) for b in blocks], dim=0)
+        return flat.reshape(shape) if shape is not None and flat.size == int(np.prod(shape)) else flat
+    return first
+
+
+def _slice_state(state, start, stop):
+    if state is None:
+        return None
+    if isinstance(state, (tuple, list)):
+        return type(state)(_slice_state(s, start, stop) for s in state)
+    if isinstance(state, mx.nd.NDArray):
+        return state.reshape(-1)[start:stop].copy()
+    return state
+
+
+def _state_size(state) -> int:
+    if isinstance(state, (tuple, list)):
+        return next((_state_size(s) for s in state if s is not None), 0)
+    return state.size if isinstance(state, mx.nd.NDArray) else 0
+
+
+def _make_store_class(store_type: str, doc: str):
+    cls = type(f"Store_{store_type}", (ParameterServerStore,), {"store_type": store_type, "__doc__": doc})
+    KVStoreBase.kv_registry[store_type] = cls
+    return cls
+
+
+def _guard_native_create() -> None:
+    """Inside a kvstore_ext job, an unknown ``dist_*`` name gets a clear error.
+
+    MXNet hands every unregistered name to its native ps-lite store, which in a
+    kvstore_ext job (no ``DMLC_*`` variables) dies with an unrelated check
+    failure.  Outside such a job MXNet's behaviour is unchanged.
+    """
+    import mxnet.kvstore as kvs
+    native_create = kvs.create
+    if getattr(native_create, "_kvstore_ext_guard", False):
+        return
+
+    def create(name="local"):
+        if isinstance(name, str) and name.lower() not in KVStoreBase.kv_registry \
+                and os.environ.get(cfg.ROLE) == "worker":
+            raise ValueError(f"unknown kvstore type {name!r} in a kvstore_ext job; kvstore_ext "
+                             f"provides {', '.join(sorted(cfg.STORE_TYPES))} (MXNet's own "
+                             f"dist_sync/dist_async need launch.py --backend mxnet)")
+        return native_create(name)
+
+    create._kvstore_ext_guard = True
+    create.__doc__ = native_create.__doc__
+    kvs.create = create
+
+
+_guard_native_create()
+
+DistBSP = _make_store_class("dist_bsp", "Bulk synchronous parallel: equals MXNet's dist_sync.")
+DistASP = _make_store_class("dist_asp", "Asynchronous parallel: equals MXNet's dist_async.")
+DistSSP = _make_store_class("dist_ssp", "Stale synchronous parallel with staleness bound s.")
+
+STORE_CLASSES = {"dist_bsp": DistBSP, "dist_asp": DistASP, "dist_ssp": DistSSP}

@@ -1,0 +1,11 @@
+#!/usr/bin/env python3
+"""Launch a distributed job; the same command line as MXNet's tools/launch.py. See --help."""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from kvstore_ext.launcher import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Helpers that start real jobs (scheduler, servers, workers on 127.0.0.1) and always clean up."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+JOBS = os.path.join(ROOT, "tests", "jobs")
+LAUNCH = os.path.join(ROOT, "scripts", "launch.py")
+SHARED_MNIST = os.path.join(ROOT, "..", "shared", "data", "mnist10k.npz")
+
+if os.path.exists(SHARED_MNIST):   # the tests train on the shared real MNIST set when present
+    os.environ.setdefault("KVX_MNIST", SHARED_MNIST)
+
+
+class Job:
+    """A process group started for a test; killed whole when the test ends, pass or fail."""
+
+    def __init__(self, argv, env=None, cwd=None):
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        full_env.setdefault("PYTHONUNBUFFERED", "1")
+        self.argv = argv
+        self.proc = subprocess.Popen(argv, env=full_env, cwd=cwd or ROOT, start_new_session=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.output = ""
+
+    def wait(self, timeout: float) -> int:
+        try:
+            self.output, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.output, _ = self.proc.communicate()
+            raise AssertionError(f"job did not finish within {timeout} s:\n{self.output[-4000:]}")
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def jobs():
+    started: list[Job] = []
+
+    def start(argv, env=None, cwd=None) -> Job:
+        job = Job(argv, env, cwd)
+        started.append(job)
+        return job
+
+    yield start
+    for job in started:
+        job.kill()
+        try:
+            job.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def launch_argv(workers: int, servers: int, command: list[str], *options: str) -> list[str]:
+    return [sys.executable, LAUNCH, "-n", str(workers), "-s", str(servers), "--launcher", "local",
+            *options, sys.executable, *command]
+
+
+@pytest.fixture
+def run_job(jobs):
+    """Run a job through launch.py and return (exit code, output)."""
+
+    def run(workers, servers, command, *options, env=None, timeout=240):
+        job = jobs(launch_argv(workers, servers, command, *options), env=env)
+        code = job.wait(timeout)
+        return code, job.output
+
+    return run
+
+
+def read_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def job_processes_left(marker: str) -> list[str]:
+    """Command lines of processes still running that mention ``marker``."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], stdout=subprocess.PIPE, text=True).stdout
+    me = str(os.getpid())
+    return [l for l in out.splitlines()[1:] if marker in l and not l.strip().startswith(me)
+            and "ps -eo" not in l]
+
+
+def wait_until(predicate, timeout: float, step: float = 0.1) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()

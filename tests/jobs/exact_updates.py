@@ -1,0 +1,61 @@
+"""Every worker pushes known gradients; worker 0 saves the final weights.
+
+Gradient values and the learning rate are powers of two, so every update is
+exact in float32: any lost or doubled push changes the result.
+"""
+import argparse
+import json
+import os
+import sys
+
+import mxnet as mx
+import numpy as np
+
+import kvstore_ext  # noqa: F401
+
+LR = 2.0 ** -7
+SHAPES = {"small": (7,), 3: (40, 50)}
+
+
+def grad(key, worker, i):
+    shape = SHAPES[key]
+    pattern = (np.arange(int(np.prod(shape))) % 5 + 1).reshape(shape)
+    return (pattern * ((worker + i) % 3 + 1) / 16.0).astype(np.float32)
+
+
+def init_value(key):
+    return np.full(SHAPES[key], 1000.0, dtype=np.float32)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--kvstore", default="dist_asp")
+    p.add_argument("--pushes", type=int, default=200)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    kv = mx.kv.create(args.kvstore)
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=LR, momentum=0.0, wd=0.0, rescale_grad=1.0))
+    keys = list(SHAPES)
+    kv.init(keys, [mx.nd.array(init_value(k)) for k in keys])
+    kv.barrier()
+    for i in range(args.pushes):
+        grads = [mx.nd.array(grad(k, kv.rank, i)) for k in keys]
+        if i % 2:
+            kv.push(keys, grads)                         # the list form: one message per server
+        else:
+            for k, g in zip(keys, grads):
+                kv.push(k, g)                            # one key at a time
+    kv.barrier()
+    outs = [mx.nd.zeros(SHAPES[k]) for k in keys]
+    kv.pull(keys, out=outs)
+    if kv.rank == 0:
+        stats = kv.stats()
+        np.savez(args.out, **{str(k): o.asnumpy() for k, o in zip(keys, outs)})
+        with open(args.out + ".json", "w") as f:
+            json.dump({"num_workers": kv.num_workers, "stats": stats}, f)
+    kv.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

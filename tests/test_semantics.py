@@ -1,0 +1,73 @@
+"""Store semantics with real scheduler, server and worker processes on 127.0.0.1."""
+import glob
+import os
+
+import numpy as np
+import pytest
+
+from conftest import JOBS, read_json
+
+sys_path_jobs = JOBS
+import sys  # noqa: E402
+sys.path.insert(0, JOBS)
+from exact_updates import LR, SHAPES, grad, init_value  # noqa: E402
+
+
+def expected_weights(num_workers, pushes):
+    out = {}
+    for k in SHAPES:
+        total = sum(grad(k, w, i) for w in range(num_workers) for i in range(pushes))
+        out[str(k)] = init_value(k) - LR * total
+    return out
+
+
+@pytest.mark.parametrize("kvstore,servers", [("dist_asp", 1), ("dist_asp", 2),
+                                             ("dist_bsp", 2), ("dist_ssp", 2)])
+def test_no_update_is_lost(run_job, tmp_path, kvstore, servers):
+    """4 workers x 200 pushes of known gradients: w = init - lr * sum(all gradients)."""
+    out = str(tmp_path / "final.npz")
+    code, log = run_job(4, servers, [os.path.join(JOBS, "exact_updates.py"), "--kvstore", kvstore,
+                                     "--pushes", "200", "--out", out],
+                        env={"KVX_BIGARRAY_BOUND": "100"})   # key 3 (2000 elements) is split
+    assert code == 0, log[-3000:]
+    got = np.load(out)
+    for k, want in expected_weights(4, 200).items():
+        rel = np.abs(got[k] - want).max() / np.abs(want).max()
+        assert rel <= 1e-5, f"key {k}: relative error {rel}"
+    stats = read_json(out + ".json")["stats"]
+    applied = sum(s["pushes_applied"] for s in stats["servers"])
+    blocks_per_push = 1 + servers            # 'small' whole, key 3 in one block per server
+    assert applied == 4 * 200 * blocks_per_push
+
+
+def lead_maxima(metrics_dir):
+    leads = {}
+    for path in glob.glob(os.path.join(metrics_dir, "server-*.json")):
+        for worker, lead in read_json(path)["max_lead_at_ok"].items():
+            leads[int(worker)] = max(leads.get(int(worker), 0), lead)
+    return leads
+
+
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_ssp_never_oks_above_the_bound_with_a_straggler(run_job, tmp_path, staleness):
+    metrics = str(tmp_path / "metrics")
+    code, log = run_job(3, 1, [os.path.join(JOBS, "straggler.py"), "--kvstore", "dist_ssp",
+                               "--iters", "40", "--slow-rank", "2", "--slow-factor", "5"],
+                        "--kv-param", f"staleness={staleness}", "--metrics-dir", metrics)
+    assert code == 0, log[-3000:]
+    leads = lead_maxima(metrics)
+    assert sorted(leads) == [0, 1, 2]
+    assert max(leads.values()) <= staleness, leads
+    worker0 = read_json(os.path.join(metrics, "worker-0.json"))
+    assert worker0["params"] == {"staleness": staleness}
+    assert worker0["worker"]["wait_time_s"] > 0
+
+
+def test_asp_lets_fast_workers_run_ahead_in_the_same_setup(run_job, tmp_path):
+    metrics = str(tmp_path / "metrics")
+    code, log = run_job(3, 1, [os.path.join(JOBS, "straggler.py"), "--kvstore", "dist_asp",
+                               "--iters", "40", "--slow-rank", "2", "--slow-factor", "5"],
+                        "--metrics-dir", metrics)
+    assert code == 0, log[-3000:]
+    leads = lead_maxima(metrics)
+    assert max(leads[0], leads[1]) > 2, leads

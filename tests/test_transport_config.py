@@ -1,0 +1,92 @@
+"""Message authentication, key placement and store parameters (pure logic)."""
+import numpy as np
+import pytest
+
+import kvstore_ext
+from kvstore_ext.config import StoreConfig
+from kvstore_ext.partition import Partitioner
+from kvstore_ext.transport import AuthError, Codec, array_from_buffer
+
+SECRET = bytes(range(32))
+
+
+def test_codec_round_trip_keeps_header_and_arrays():
+    codec = Codec(SECRET)
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    header, bufs = codec.open(codec.seal({"op": "push", "items": [[1, 0]]}, [a, b"xyz"]))
+    assert header == {"op": "push", "items": [[1, 0]]}
+    np.testing.assert_array_equal(array_from_buffer(bufs[0], "<f4", (3, 4)), a)
+    assert bytes(bufs[1]) == b"xyz"
+
+
+@pytest.mark.parametrize("where", ["header", "buffer", "tag", "frame_split"])
+def test_codec_rejects_any_tampering(where):
+    codec = Codec(SECRET)
+    frames = [bytes(f) for f in codec.seal({"op": "push", "w": 1}, [np.ones(4, np.float32)])]
+    if where == "header":
+        frames[0] = frames[0].replace(b'"w":1', b'"w":2')
+    elif where == "buffer":
+        frames[2] = frames[2][:-1] + b"\x01"
+    elif where == "tag":
+        frames[1] = frames[1][:-1] + bytes([frames[1][-1] ^ 1])
+    else:  # move a byte across a frame boundary
+        frames = [frames[0], frames[1], frames[2][:8], frames[2][8:]]
+    with pytest.raises(AuthError):
+        codec.open(frames)
+
+
+def test_codec_rejects_other_secret_and_raw_pickles():
+    import pickle
+    frames = Codec(SECRET).seal({"op": "set_optimizer"}, [b"x"])
+    with pytest.raises(AuthError):
+        Codec(bytes(32)).open(frames)
+    with pytest.raises(AuthError):
+        Codec(SECRET).open([pickle.dumps({"op": "x"}), b"0" * 32])
+    with pytest.raises(AuthError):
+        Codec(SECRET).open([b"just one frame"])
+
+
+def test_buffer_size_is_checked():
+    with pytest.raises(ValueError, match="needs"):
+        array_from_buffer(memoryview(b"\0" * 8), "<f4", (3,))
+
+
+def test_partition_small_keys_whole_big_keys_split_evenly():
+    p = Partitioner(num_servers=3, bigarray_bound=100)
+    (b,) = p.blocks(7, 50)
+    assert (b.server, b.start, b.stop) == (1, 0, 50)
+    blocks = p.blocks(4, 1000)
+    assert [blk.server for blk in blocks] == [0, 1, 2]
+    assert blocks[0].start == 0 and blocks[-1].stop == 1000
+    assert all(a.stop == b.start for a, b in zip(blocks, blocks[1:]))
+    assert Partitioner(1, 10).blocks("w", 10**6)[0].size == 10**6
+    assert p.home("fc1_weight") == Partitioner(3, 100).home("fc1_weight")
+
+
+def test_store_config_validates_type_and_parameters():
+    assert StoreConfig.build("dist_ssp", {"staleness": 2}).params == {"staleness": 2}
+    assert StoreConfig.build("DIST_SSP").params == {"staleness": 3}
+    with pytest.raises(ValueError, match="unknown kvstore type 'dist_foo'"):
+        StoreConfig.build("dist_foo")
+    with pytest.raises(ValueError, match="staleness must be an integer >= 0, got -1"):
+        StoreConfig.build("dist_ssp", {"staleness": -1})
+    with pytest.raises(ValueError, match="got 1.5"):
+        StoreConfig.build("dist_ssp", {"staleness": 1.5})
+    with pytest.raises(ValueError, match="unknown parameter 'stale'"):
+        StoreConfig.build("dist_ssp", {"stale": 1})
+    with pytest.raises(ValueError, match="unknown parameter 'staleness' for kvstore type 'dist_bsp'"):
+        StoreConfig.build("dist_bsp", {"staleness": 1})
+
+
+def test_create_rejects_bad_input_before_touching_the_network():
+    with pytest.raises(ValueError, match="dist_asp, dist_bsp, dist_ssp"):
+        kvstore_ext.create("dist_foo")
+    with pytest.raises(ValueError, match="staleness"):
+        kvstore_ext.create("dist_ssp", staleness=-3)
+
+
+def test_creating_outside_a_job_says_how_to_launch(monkeypatch):
+    for var in ("KVX_SCHEDULER_HOST", "KVX_SCHEDULER_PORT", "KVX_SECRET"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(RuntimeError, match="launch.py"):
+        kvstore_ext.create("dist_bsp")

@@ -393,3 +393,23 @@ class Job:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     return Job(args).run()
+
+
+def run_local_job(workers: int, servers: int, command: list[str], options=(), timeout=1800,
+                  quiet=True) -> subprocess.CompletedProcess:
+    """Run ``command`` as a local job through launch.py and wait (for scripts and benchmarks).
+
+    Raises ``RuntimeError`` with the job's last output if it fails.
+    """
+    argv = [sys.executable, "-m", "kvstore_ext.launcher", "-n", str(workers), "-s", str(servers),
+            "--launcher", "local", "--timeout", str(timeout), *options, *command]
+    proc = subprocess.run(argv, stdout=subprocess.PIPE if quiet else None,
+                          stderr=subprocess.STDOUT if quiet else None, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stdout or "")[-3000:]
+        raise RuntimeError(f"job {shlex.join(command)} failed with status {proc.returncode}:\n{tail}")
+    return proc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -149,9 +149,11 @@ class ParameterServerStore(KVStoreBase):
         self._exchange("pushpull", pairs, outs)
 
     def _exchange(self, op: str, pairs, outs) -> None:
+        # _plan reads the gradients, which waits for MXNet's engine to finish computing them:
+        # that time is compute, so the clock for waiting on the store starts after it
+        plan = self._plan(op, pairs)
         self._metrics.begin_call()
         try:
-            plan = self._plan(op, pairs)
             replies = self._conn.request({s: ({"op": op, "items": its}, bufs)
                                           for s, (its, bufs, _) in plan.items()})
             if op != "pull":

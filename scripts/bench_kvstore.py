@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -89,15 +88,13 @@ def worker(args) -> int:
 
 
 def run_case(kvstore, backend, mode, shapes, workers, servers, rounds, warmup, tmp) -> float:
+    from kvstore_ext.launcher import run_local_job
     result = os.path.join(tmp, "r-{rank}.json")
-    cmd = [sys.executable, os.path.join(HERE, "launch.py"), "-n", str(workers), "-s", str(servers),
-           "--launcher", "local", "--backend", backend, "--timeout", "600",
-           sys.executable, os.path.abspath(__file__), "--worker", "--kvstore", kvstore,
-           "--mode", mode, "--shapes", json.dumps(shapes), "--rounds", str(rounds),
-           "--warmup", str(warmup), "--result", result]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{kvstore} {mode} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    run_local_job(workers, servers,
+                  [sys.executable, os.path.abspath(__file__), "--worker", "--kvstore", kvstore,
+                   "--mode", mode, "--shapes", json.dumps(shapes), "--rounds", str(rounds),
+                   "--warmup", str(warmup), "--result", result],
+                  options=["--backend", backend], timeout=600)
     seconds = []
     for r in range(workers):
         with open(result.replace("{rank}", str(r))) as f:

@@ -35,9 +35,9 @@ def parse_args(argv=None):
     p.add_argument("--trainer", choices=["gluon", "batched"], default="gluon",
                    help="gluon: stock gluon.Trainer (one pushpull per key); batched: "
                         "gluon_trainers.Trainer (one call per step) (default: gluon)")
-    p.add_argument("--epochs", type=float, default=2, help="passes over each worker's share (default 2)")
+    p.add_argument("--epochs", type=float, default=3, help="passes over each worker's share (default 3)")
     p.add_argument("--batch-size", type=int, default=64, help="per-worker batch size (default 64)")
-    p.add_argument("--lr", type=float, default=0.05, help="learning rate (default 0.05)")
+    p.add_argument("--lr", type=float, default=0.02, help="learning rate (default 0.02)")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     p.add_argument("--wd", type=float, default=1e-4, help="weight decay (default 1e-4)")
     p.add_argument("--seed", type=int, default=42, help="random seed for weights and shuffling")

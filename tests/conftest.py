@@ -89,7 +89,7 @@ def read_json(path: str) -> dict:
 
 def job_processes_left(marker: str) -> list[str]:
     """Command lines of processes still running that mention ``marker``."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], stdout=subprocess.PIPE, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], stdout=subprocess.PIPE, text=True).stdout
     me = str(os.getpid())
     return [l for l in out.splitlines()[1:] if marker in l and not l.strip().startswith(me)
             and "ps -eo" not in l]

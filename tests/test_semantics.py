@@ -71,3 +71,19 @@ def test_asp_lets_fast_workers_run_ahead_in_the_same_setup(run_job, tmp_path):
     assert code == 0, log[-3000:]
     leads = lead_maxima(metrics)
     assert max(leads[0], leads[1]) > 2, leads
+
+
+def test_optimizer_states_save_and_load_in_mxnet_format(run_job, tmp_path):
+    out = str(tmp_path / "states")
+    code, log = run_job(2, 2, [os.path.join(JOBS, "optimizer_states.py"), out],
+                        env={"KVX_BIGARRAY_BOUND": "100"})
+    assert code == 0, log[-3000:]
+    r = read_json(out + ".json")
+    assert r["optimizer"] == "SGD" and r["momentum"] == 0.9
+    assert r["shapes"] == {"0": [4, 5], "big": [30, 10]}
+    # mom = 0.9 * mom - lr * rescale * sum over both workers: steps with g = 2, 4, 6
+    mom = 0.0
+    for g in (2.0, 4.0, 6.0):
+        mom = 0.9 * mom - 0.1 * 0.5 * g
+    assert abs(r["mom0"] - mom) < 1e-5
+    assert r["round_trip_equal"]

@@ -1,0 +1,27 @@
+"""Workers train in lock-step; worker 1 kills itself (SIGKILL) at round argv[3] (default 3, -1: never)."""
+import os
+import signal
+import sys
+import time
+
+import mxnet as mx
+
+import kvstore_ext
+
+kv = mx.kv.create(sys.argv[1])
+kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1))
+w = mx.nd.zeros((4,))
+kv.init(0, w)
+rounds = int(sys.argv[2])
+die_at = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+t0 = time.monotonic()
+try:
+    for i in range(rounds):
+        if kv.rank == 1 and i == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        kv.pushpull(0, mx.nd.ones((4,)), out=w)
+        time.sleep(0.01)
+except kvstore_ext.WorkerLostError as exc:
+    print(f"worker {kv.rank} stopped after {time.monotonic() - t0:.1f} s: {exc}", flush=True)
+    sys.exit(4)
+print(f"worker {kv.rank} finished {rounds} rounds, w={w.asnumpy()[0]:.2f}", flush=True)

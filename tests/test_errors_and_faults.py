@@ -1,0 +1,132 @@
+"""Bad input, forged messages and dead workers, with real processes."""
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import JOBS, ROOT, job_processes_left, read_json, wait_until
+
+
+def test_bad_input_raises_clear_errors_and_the_server_keeps_serving(run_job, tmp_path):
+    out = str(tmp_path / "report")
+    code, log = run_job(2, 1, [os.path.join(JOBS, "bad_inputs.py"), out])
+    assert code == 0, log[-4000:]
+    r0, r1 = read_json(out + ".0.json"), read_json(out + ".1.json")
+    for what in ("uninitialised", "shape", "dtype", "reinit", "bad_key", "unknown_type",
+                 "bad_staleness", "server_shape"):
+        assert r0[what], what
+    # both workers took part in the same 5 synchronous rounds afterwards: 0 - 5 * 0.1 * 2
+    assert r0["weights"] == r1["weights"]
+    assert abs(r0["weights"][0][0] + 1.0) < 1e-6
+    # the forged messages got no answer, were counted, and nothing was unpickled
+    assert not r0["forged_answered"] and not r0["unpickled"]
+    assert not os.path.exists(out + ".unpickled")
+    assert r1["rejected"] >= 3
+
+
+@pytest.mark.parametrize("a,b,fragments", [
+    ("dist_bsp", "dist_asp", ["dist_bsp()", "dist_asp()"]),
+    ("dist_ssp:2", "dist_ssp:3", ["staleness=2", "staleness=3"]),
+])
+def test_workers_disagreeing_on_the_store_all_get_an_error_naming_both(run_job, a, b, fragments):
+    code, log = run_job(2, 1, [os.path.join(JOBS, "mismatch.py"), a, b], timeout=60)
+    assert code != 0
+    lines = [l for l in log.splitlines() if "error:" in l and "disagree" in l]
+    assert len(lines) == 2, log[-3000:]
+    for line in lines:
+        for f in fragments:
+            assert f in line, line
+
+
+class ManualJob:
+    """Scheduler, server and workers started one by one, without launch.py."""
+
+    def __init__(self, tmp_path, workers, on_death, script_args, heartbeat_timeout=2.0):
+        self.procs = []
+        env = dict(os.environ, KVX_SECRET=secrets.token_hex(32), KVX_NUM_WORKER=str(workers),
+                   KVX_NUM_SERVER="1", KVX_SCHEDULER_HOST="127.0.0.1",
+                   KVX_ON_WORKER_DEATH=on_death, KVX_HEARTBEAT_INTERVAL="0.2",
+                   KVX_HEARTBEAT_TIMEOUT=str(heartbeat_timeout), PYTHONUNBUFFERED="1")
+        sched = self.start([sys.executable, "-m", "kvstore_ext.scheduler"], env, "scheduler",
+                           stdout=subprocess.PIPE)
+        port = sched.stdout.readline().decode().strip().split("=")[1]
+        env["KVX_SCHEDULER_PORT"] = port
+        self.start([sys.executable, "-m", "kvstore_ext.server"], env, "server")
+        self.logs = []
+        self.workers = []
+        for r in range(workers):
+            log = open(tmp_path / f"worker{r}.log", "w+")
+            self.logs.append(log)
+            self.workers.append(self.start([sys.executable, os.path.join(JOBS, "die.py"), *script_args],
+                                           dict(env, KVX_WORKER_RANK=str(r)), "worker", stdout=log))
+
+    def start(self, argv, env, role, stdout=None):
+        p = subprocess.Popen(argv, env=dict(env, KVX_ROLE=role), cwd=ROOT, stdout=stdout,
+                             stderr=subprocess.STDOUT if stdout else None, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def output(self, rank):
+        self.logs[rank].seek(0)
+        return self.logs[rank].read()
+
+    def kill(self):
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+def test_dead_worker_stops_the_job_with_its_name(tmp_path):
+    job = ManualJob(tmp_path, 2, "fail", ["dist_bsp", "200"])
+    try:
+        t0 = time.monotonic()
+        assert job.workers[0].wait(timeout=30) == 4
+        elapsed = time.monotonic() - t0
+        out = job.output(0)
+        assert "worker 1 died" in out and "no heartbeat" in out, out
+        assert job.workers[1].wait(timeout=5) == -signal.SIGKILL
+        # the scheduler and the server shut down by themselves
+        assert all(p.wait(timeout=20) is not None for p in job.procs)
+        assert elapsed < 25
+    finally:
+        job.kill()
+
+
+def test_dead_worker_can_be_left_behind_when_elastic(tmp_path):
+    job = ManualJob(tmp_path, 2, "continue", ["dist_bsp", "60"])
+    try:
+        assert job.workers[0].wait(timeout=40) == 0, job.output(0)
+        assert "finished 60 rounds" in job.output(0)
+        # 3 rounds with two workers (0.2 each), 57 alone (0.1 each)
+        assert "w=-6.30" in job.output(0), job.output(0)
+        assert all(p.wait(timeout=20) is not None for p in job.procs)
+    finally:
+        job.kill()
+
+
+def test_launcher_stops_everything_when_a_worker_dies(run_job, tmp_path):
+    marker = str(tmp_path)
+    code, log = run_job(2, 1, [os.path.join(JOBS, "die.py"), "dist_bsp", "200", "3", marker],
+                        timeout=60)
+    assert code != 0
+    assert "worker 1 exited with status -9" in log or "worker 1 exited with status 137" in log, log
+    assert wait_until(lambda: not job_processes_left(marker), 10), job_processes_left(marker)
+
+
+def test_launcher_ctrl_c_leaves_no_process(jobs, tmp_path):
+    marker = str(tmp_path)
+    from conftest import launch_argv
+    job = jobs(launch_argv(2, 1, [os.path.join(JOBS, "die.py"), "dist_asp", "100000", "-1", marker]))
+    assert wait_until(lambda: len(job_processes_left(marker)) >= 2, 30)
+    time.sleep(1.0)
+    job.proc.send_signal(signal.SIGINT)
+    code = job.wait(30)
+    assert code == 128 + signal.SIGINT, job.output
+    assert wait_until(lambda: not job_processes_left(marker), 10), job_processes_left(marker)

@@ -1,0 +1,57 @@
+"""launch.py's command line: help, dry runs for every launcher, argument errors."""
+import os
+import subprocess
+import sys
+
+from conftest import LAUNCH, ROOT
+
+
+def launch(*args, input=None):
+    return subprocess.run([sys.executable, LAUNCH, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=60, input=input)
+
+
+def test_help_explains_every_option():
+    out = launch("--help").stdout
+    for option in ("--num-workers", "--num-servers", "--hostfile", "--launcher", "--env",
+                   "--env-server", "--env-worker", "--backend", "--kv-param", "--on-worker-death",
+                   "--heartbeat-timeout", "--metrics-dir", "--timeout", "--dry-run"):
+        assert option in out, option
+
+
+def test_dry_run_local_shows_roles_and_hides_the_secret():
+    out = launch("-n", "2", "-s", "1", "--dry-run", "--kv-param", "staleness=2",
+                 "python", "train.py").stdout
+    assert "server 0:" in out and "worker 1:" in out
+    assert "KVX_WORKER_RANK=1" in out and '{"staleness": 2}' in out
+    assert "KVX_SECRET=<secret>" in out
+
+
+def test_dry_run_ssh_places_nodes_on_hosts_and_sends_the_secret_on_stdin(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node-a\nnode-b:2222\n")
+    out = launch("-n", "2", "-s", "2", "-H", str(hostfile), "--scheduler-host", "10.0.0.1",
+                 "--dry-run", "python", "train.py").stdout
+    assert "ssh -o StrictHostKeyChecking=no -o BatchMode=yes node-a" in out
+    assert "-p 2222 node-b" in out
+    assert "read -r KVX_SECRET" in out
+    assert "KVX_NODE_HOST=node-b" in out and "KVX_SCHEDULER_HOST=10.0.0.1" in out
+
+
+def test_dry_run_mpi_and_native_backend(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node-a\n")
+    out = launch("-n", "2", "-s", "1", "-H", str(hostfile), "--launcher", "mpi",
+                 "--scheduler-host", "10.0.0.1", "--dry-run", "python", "train.py").stdout
+    assert "mpirun --allow-run-as-root -n 1 -H node-a -x KVX_" in out
+    out = launch("-n", "2", "-s", "1", "--backend", "mxnet", "--dry-run", "python", "t.py").stdout
+    assert "DMLC_ROLE=server" in out and "DMLC_NUM_WORKER=2" in out and "import mxnet" in out
+
+
+def test_bad_arguments_are_explained():
+    r = launch("-n", "2", "--launcher", "ssh", "python", "t.py")
+    assert r.returncode != 0 and "needs -H HOSTFILE" in r.stdout
+    r = launch("-n", "2", "--kv-param", "staleness", "python", "t.py")
+    assert r.returncode != 0 and "NAME=VALUE" in r.stdout
+    r = launch("-n", "0", "python", "t.py")
+    assert r.returncode != 0 and "-n must be at least 1" in r.stdout

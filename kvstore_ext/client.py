@@ -1,14 +1,16 @@
 """A worker's link to its job: registration, requests to servers, heartbeats.
 
-Requests go out as one message per server and the replies are awaited
-together.  While it waits, a worker also listens to the scheduler, so that a
-dead peer or a lost scheduler ends the wait with an error that names it
-instead of a hang.
+The worker sends on one socket per server from its own thread and receives
+on another, owned by a background link thread.  That thread also sends the
+heartbeats and hears the scheduler's notices, so a reply can arrive (and a
+dead peer be noticed) while the training thread is busy computing: this is
+what lets a pushpull return at once and complete inside MXNet's engine.
 """
 from __future__ import annotations
 
 import atexit
 import itertools
+import os
 import threading
 import time
 
@@ -23,37 +25,102 @@ class KVStoreError(RuntimeError):
 
 
 class WorkerLostError(KVStoreError):
-    """A worker or server of the job died, and the job is configured to stop."""
+    """A worker or server of the job died, or the scheduler is gone, and the job stops."""
 
 
-class Heartbeat(threading.Thread):
-    """Tells the scheduler every interval that this worker is alive; notes its answers."""
+class Ticket:
+    """One awaited reply."""
 
-    def __init__(self, ctx, codec, address, rank, interval):
-        super().__init__(name="kvstore_ext-heartbeat", daemon=True)
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.connect(address)
-        self.codec, self.rank, self.interval = codec, rank, interval
+    __slots__ = ("event", "header", "buffers", "error")
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.header = None
+        self.buffers = None
+        self.error: str | None = None
+
+    def fulfil(self, header, buffers) -> None:
+        self.header, self.buffers = header, buffers
+        if not header.get("ok"):
+            self.error = header.get("error", "the server refused the request")
+        self.event.set()
+
+    def fail(self, message: str) -> None:
+        if not self.event.is_set():
+            self.error = message
+            self.event.set()
+
+
+class LinkThread(threading.Thread):
+    """Receives replies and scheduler notices, sends heartbeats."""
+
+    def __init__(self, conn: "Connection", hb_sock, rx_socks):
+        super().__init__(name="kvstore_ext-link", daemon=True)
+        self.conn, self.hb, self.rx = conn, hb_sock, rx_socks
         self.last_ack = time.monotonic()
         self.stopping = threading.Event()
 
     def run(self) -> None:
-        msg = self.codec.seal({"op": "heartbeat", "role": "worker", "rank": self.rank})
+        conn = self.conn
+        codec = conn.codec
+        beat = codec.seal({"op": "heartbeat", "role": "worker", "rank": conn.rank})
+        poller = zmq.Poller()
+        poller.register(self.hb, zmq.POLLIN)
+        for sock in self.rx:
+            poller.register(sock, zmq.POLLIN)
+        interval = conn.env.heartbeat_interval
+        next_beat = 0.0
         try:
             while not self.stopping.is_set():
-                self.sock.send_multipart(msg)
-                deadline = time.monotonic() + self.interval
-                while (left := deadline - time.monotonic()) > 0 and not self.stopping.is_set():
-                    if self.sock.poll(int(left * 1000) + 1):
-                        try:
-                            self.codec.open(self.sock.recv_multipart())
-                            self.last_ack = time.monotonic()
-                        except AuthError:
-                            pass
+                now = time.monotonic()
+                if now >= next_beat:
+                    self.hb.send_multipart(beat)
+                    next_beat = now + interval
+                events = dict(poller.poll(int(min(interval, 0.2) * 1000)))
+                for sock in self.rx:
+                    if sock in events:
+                        self._drain_replies(sock)
+                if self.hb in events:
+                    self._drain_notices()
+                silent = time.monotonic() - self.last_ack
+                if silent > conn.env.heartbeat_timeout and not conn.failure:
+                    conn.set_failure(f"the scheduler at {conn.env.scheduler_address} has not "
+                                     f"answered for {silent:.0f} s")
         except zmq.ZMQError:
             pass
         finally:
-            self.sock.close(0)
+            self.hb.close(0)
+            for sock in self.rx:
+                sock.close(0)
+
+    def _drain_replies(self, sock) -> None:
+        conn = self.conn
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                header, buffers = conn.codec.open(frames)
+            except AuthError:
+                continue
+            ticket = conn.tickets.pop(header.get("seq"), None)
+            if ticket is not None:
+                ticket.fulfil(header, buffers)
+
+    def _drain_notices(self) -> None:
+        conn = self.conn
+        while True:
+            try:
+                frames = self.hb.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                header, _ = conn.codec.open(frames)
+            except AuthError:
+                continue
+            self.last_ack = time.monotonic()
+            conn.notice(header)
 
 
 class Connection:
@@ -66,18 +133,29 @@ class Connection:
         self.sched = self.ctx.socket(zmq.DEALER)
         self.sched.connect(self.env.scheduler_address)
         self.seq = itertools.count(1)
+        self.tickets: dict[int, Ticket] = {}
         self.closed = False
         self.notices: list[dict] = []
         self.failure: str | None = None
+        self.store = store
         self._register(store, start_timeout)
-        self.servers = []
+        self.tx, rx = [], []
+        self.rx_names = []
         for addr in self.topology["servers"]:
             sock = self.ctx.socket(zmq.DEALER)
             sock.connect(addr)
-            self.servers.append(sock)
-        self.heartbeat = Heartbeat(self.ctx, self.codec, self.env.scheduler_address, self.rank,
-                                   self.env.heartbeat_interval)
-        self.heartbeat.start()
+            self.tx.append(sock)
+            name = f"rx-{self.rank}-{os.getpid()}-{len(rx)}-{os.urandom(4).hex()}"
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.ROUTING_ID, name.encode())
+            sock.connect(addr)
+            rx.append(sock)
+            self.rx_names.append(name)
+        self._hello(rx, start_timeout)
+        hb = self.ctx.socket(zmq.DEALER)
+        hb.connect(self.env.scheduler_address)
+        self.link = LinkThread(self, hb, rx)
+        self.link.start()
         atexit.register(self.close)
 
     def _register(self, store: StoreConfig, start_timeout: float) -> None:
@@ -100,75 +178,78 @@ class Connection:
         self.num_servers = header["num_servers"]
         self.on_worker_death = header["on_worker_death"]
 
-    # -- requests ---------------------------------------------------------------------------
-    def request(self, messages: dict[int, tuple[dict, list]]) -> dict[int, tuple[dict, list]]:
-        """Send one message per server, wait for every reply; raise on any error reply."""
+    def _hello(self, rx, timeout: float) -> None:
+        """Make sure every server can route replies to our receiving sockets."""
+        deadline = time.monotonic() + timeout
+        for server, sock in enumerate(rx):
+            # until the receiving socket's connection is up, the server drops replies to it:
+            # say hello again until one comes back
+            msg = self.codec.seal({"op": "hello", "seq": 0, "worker": self.rank,
+                                   "reply_to": self.rx_names[server]})
+            while True:
+                self.tx[server].send_multipart(msg)
+                if sock.poll(100):
+                    break
+                if time.monotonic() > deadline:
+                    raise KVStoreError(f"server {server} at {self.topology['servers'][server]} "
+                                       f"did not answer within {timeout:.0f} s")
+            while sock.poll(50):       # extra answers to repeated hellos
+                self.codec.open(sock.recv_multipart())
+
+    # -- notices ------------------------------------------------------------------------------
+    def notice(self, header: dict) -> None:
+        """A message from the scheduler (called from the link thread)."""
+        op = header.get("op")
+        if op == "ack":
+            return
+        self.notices.append(header)
+        if op == "abort":
+            self.set_failure(header["error"])
+        elif op == "node_dead":
+            who = f"{header['role']} {header['rank']}"
+            if header["role"] == "server" or self.on_worker_death == "fail":
+                self.set_failure(f"{who} died ({header['reason']}); the job stops")
+
+    def set_failure(self, message: str) -> None:
+        self.failure = message
+        for seq in list(self.tickets):
+            ticket = self.tickets.pop(seq, None)
+            if ticket is not None:
+                ticket.fail(message)
+
+    # -- requests -----------------------------------------------------------------------------
+    def send(self, messages: dict[int, tuple[dict, list]]) -> dict[int, Ticket]:
+        """Send one message per server; return the tickets of their replies."""
         if self.closed:
             raise KVStoreError("this kvstore has been closed")
         if self.failure:
             raise WorkerLostError(self.failure)
-        expected = {}
+        tickets = {}
         for server, (header, buffers) in messages.items():
             seq = next(self.seq)
             header["seq"] = seq
             header["worker"] = self.rank
-            self.servers[server].send_multipart(self.codec.seal(header, buffers), copy=False)
-            expected[server] = seq
-        replies = {}
-        poller = zmq.Poller()
-        for server in expected:
-            poller.register(self.servers[server], zmq.POLLIN)
-        poller.register(self.sched, zmq.POLLIN)
-        while len(replies) < len(expected):
-            events = dict(poller.poll(500))
-            for server, seq in expected.items():
-                sock = self.servers[server]
-                if server in replies or sock not in events:
-                    continue
-                while True:
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    header, buffers = self.codec.open(frames)
-                    if header.get("seq") == seq:
-                        replies[server] = (header, buffers)
-                        break
-            if self.sched in events:
-                self._read_notices()
-            self._check_alive()
-        errors = [h["error"] for h, _ in replies.values() if not h.get("ok")]
+            header["reply_to"] = self.rx_names[server]
+            ticket = Ticket()
+            self.tickets[seq] = ticket
+            self.tx[server].send_multipart(self.codec.seal(header, buffers), copy=False)
+            tickets[server] = ticket
+        return tickets
+
+    def wait(self, tickets: dict[int, Ticket]) -> dict[int, tuple[dict, list]]:
+        """Wait for every ticket; raise the first error (after all have answered)."""
+        for ticket in tickets.values():
+            while not ticket.event.wait(0.5):
+                if self.failure:
+                    ticket.fail(self.failure)
+        errors = [t.error for t in tickets.values() if t.error]
         if errors:
-            cls = WorkerLostError if self.failure or "died" in errors[0] else KVStoreError
-            raise cls(errors[0])
-        return replies
+            lost = self.failure is not None and errors[0] == self.failure
+            raise (WorkerLostError if lost or "died" in errors[0] else KVStoreError)(errors[0])
+        return {s: (t.header, t.buffers) for s, t in tickets.items()}
 
-    def _read_notices(self) -> None:
-        while True:
-            try:
-                frames = self.sched.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                header, _ = self.codec.open(frames)
-            except AuthError:
-                continue
-            self.notices.append(header)
-            op = header.get("op")
-            if op == "abort":
-                self.failure = header["error"]
-            elif op == "node_dead":
-                who = f"{header['role']} {header['rank']}"
-                if header["role"] == "server" or self.on_worker_death == "fail":
-                    self.failure = f"{who} died ({header['reason']}); the job stops"
-
-    def _check_alive(self) -> None:
-        if self.failure:
-            raise WorkerLostError(self.failure)
-        silent = time.monotonic() - self.heartbeat.last_ack
-        if silent > self.env.heartbeat_timeout:
-            raise WorkerLostError(f"the scheduler at {self.env.scheduler_address} has not "
-                                  f"answered for {silent:.0f} s")
+    def request(self, messages: dict[int, tuple[dict, list]]) -> dict[int, tuple[dict, list]]:
+        return self.wait(self.send(messages))
 
     def scheduler_call(self, header: dict, timeout: float | None = None) -> dict:
         """A request to the scheduler (barrier, finalize), answered with ``ok``."""
@@ -176,36 +257,37 @@ class Connection:
         self.sched.send_multipart(self.codec.seal(header))
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if self.sched.poll(500):
-                frames = self.sched.recv_multipart()
-                reply, _ = self.codec.open(frames)
+            if self.sched.poll(200):
+                reply, _ = self.codec.open(self.sched.recv_multipart())
                 if reply.get("op") == "ok":
                     return reply
-                self.notices.append(reply)
-                if reply.get("op") in ("abort", "node_dead"):
-                    self._read_notices_from(reply)
-            self._check_alive()
+                self.notice(reply)
+            if self.failure:
+                raise WorkerLostError(self.failure)
             if deadline is not None and time.monotonic() > deadline:
                 raise KVStoreError(f"the scheduler did not answer {header['op']} "
                                    f"within {timeout:g} s")
-
-    def _read_notices_from(self, header: dict) -> None:
-        if header["op"] == "abort":
-            self.failure = header["error"]
-        elif header["role"] == "server" or self.on_worker_death == "fail":
-            self.failure = f"{header['role']} {header['rank']} died ({header['reason']}); the job stops"
 
     def close(self) -> None:
         """Leave the job: the servers stop counting on this worker."""
         if self.closed:
             return
         self.closed = True
+        end = time.monotonic() + 30
+        while self.tickets and not self.failure and time.monotonic() < end:
+            time.sleep(0.01)      # replies still owed to engine operations
         try:
             if not self.failure:
                 self.scheduler_call({"op": "finalize"}, timeout=5.0)
         except KVStoreError:
             pass
         finally:
-            self.heartbeat.stopping.set()
-            self.heartbeat.join(timeout=2 * self.env.heartbeat_interval + 1)
+            self.set_failure("the kvstore was closed")
+            try:   # engine operations still waiting now fail; let them finish before exit
+                import mxnet
+                mxnet.nd.waitall()
+            except Exception:
+                pass
+            self.link.stopping.set()
+            self.link.join(timeout=2)
             self.ctx.destroy(0)

@@ -89,6 +89,10 @@ class WorkerMetrics:
         self._last_end = now
         self.calls += 1
 
+    def add_wait(self, seconds: float) -> None:
+        """Time an engine operation spent waiting for replies after its call returned."""
+        self.wait_time += seconds
+
     def count_pushes(self, keys) -> None:
         for k in keys:
             self.pushes[k] = self.pushes.get(k, 0) + 1

@@ -61,7 +61,8 @@ class Scheduler:
     def broadcast(self, header: dict, roles=("worker", "server")) -> None:
         for (role, _), node in self.nodes.items():
             if role in roles and node["state"] == "live":
-                self.send(node["ident"], header)
+                # a worker listens for notices on the socket it sends heartbeats from
+                self.send(node.get("notify", node["ident"]), header)
 
     # -- main loop -------------------------------------------------------------------------
     def run(self) -> int:
@@ -110,6 +111,8 @@ class Scheduler:
         if op == "register":
             self.register(ident, header)
         elif op == "heartbeat":
+            if key in self.nodes:
+                self.nodes[key]["notify"] = ident
             self.send(ident, {"op": "ack", "failure": self.failure})
         elif op == "barrier":
             self.barrier_waiting.append((ident, header["rank"]))

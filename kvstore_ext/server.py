@@ -36,7 +36,7 @@ class Slot:
     """One block of one key: its weights, gathered gradient, version and policy."""
 
     __slots__ = ("key", "block", "shape", "dtype", "size", "weight", "grad", "acc", "gathered",
-                 "version", "policy", "waiting", "pulled", "cache", "cache_version")
+                 "version", "policy", "waiting", "pulled", "cache", "cache_version", "held")
 
     def __init__(self, key, block, shape, dtype, value: np.ndarray, policy):
         self.key, self.block, self.shape, self.dtype = key, block, tuple(shape), np.dtype(dtype)
@@ -51,6 +51,7 @@ class Slot:
         self.pulled: dict[int, int] = {}
         self.cache = None
         self.cache_version = -1
+        self.held: deque = deque()   # pushes for a later round: (worker, grad, pending)
 
     def name(self) -> str:
         return f"key {self.key!r}" + (f" block {self.block}" if self.block else "")
@@ -97,7 +98,7 @@ class Server:
         self.ops = {"init": self.op_init, "push": self.op_push, "pushpull": self.op_push,
                     "pull": self.op_pull, "set_optimizer": self.op_set_optimizer,
                     "get_states": self.op_get_states, "set_states": self.op_set_states,
-                    "stats": self.op_stats}
+                    "stats": self.op_stats, "hello": self.op_hello}
         self._register(start_timeout)
         self.metrics = ServerMetrics(self.rank)
 
@@ -191,6 +192,9 @@ class Server:
             log.warning("server %d rejected a message: %s", self.rank, exc)
             return
         seq = header.get("seq")
+        if isinstance(header.get("reply_to"), str):
+            # workers send on one socket and receive on another (their receiver thread's)
+            ident = header["reply_to"].encode()
         if self.failure:
             self.reply_error(ident, seq, self.failure)
             return
@@ -238,6 +242,11 @@ class Server:
                         p.outstanding = 0
                         self.reply_error(p.ident, p.seq, message)
             slot.waiting.clear()
+            for _, _, p in slot.held:
+                if p.outstanding > 0:
+                    p.outstanding = 0
+                    self.reply_error(p.ident, p.seq, message)
+            slot.held.clear()
         for ident, seq, *_ in self.init_waiting:
             self.reply_error(ident, seq, message)
         self.init_waiting = []
@@ -250,6 +259,7 @@ class Server:
         decisions = []
         for slot in self.slots.values():
             slot.waiting.pop(rank, None)
+            slot.held = deque(h for h in slot.held if h[0] != rank)
             decisions.append((slot, slot.policy.remove_worker(rank, now)))
         self.carry_out(decisions)
 
@@ -334,15 +344,43 @@ class Server:
         decisions = []
         self.metrics.pushes_received += len(slots)
         for slot, grad in zip(slots, grads):
-            slot.gather(grad)
-            self.metrics.record_staleness(worker, slot.version - slot.pulled.get(worker, 0))
-            slot.waiting.setdefault(worker, deque()).append(pending)
-            decisions.append((slot, slot.policy.on_push(worker, now)))
+            if not slot.policy.accepts_now(worker) or any(h[0] == worker for h in slot.held):
+                slot.held.append((worker, grad, pending))   # a push for a later round
+            else:
+                decisions.append((slot, self.take_push(slot, worker, grad, pending, now)))
         self.carry_out(decisions)
 
+    def take_push(self, slot: Slot, worker: int, grad, pending: Pending, now: float):
+        slot.gather(grad)
+        self.metrics.record_staleness(worker, slot.version - slot.pulled.get(worker, 0))
+        slot.waiting.setdefault(worker, deque()).append(pending)
+        return slot.policy.on_push(worker, now)
+
     def carry_out(self, decisions) -> None:
-        """Apply what the policies said to apply (in one optimizer call), then send OKs."""
-        to_apply = [slot for slot, d in decisions if d.apply and slot.gathered]
+        """Apply what the policies said to apply (in one optimizer call), then send OKs;
+        then take the held-back pushes that a new round accepts, and so on."""
+        while decisions:
+            self._apply_and_release(decisions)
+            now = time.monotonic()
+            touched = list({id(slot): slot for slot, _ in decisions if slot.held}.values())
+            decisions = []
+            for slot in touched:
+                # each worker's earliest held push, in arrival order, if the new round takes it
+                still, seen = deque(), set()
+                for worker, grad, pending in slot.held:
+                    if worker in seen or worker not in self.members \
+                            or not slot.policy.accepts_now(worker):
+                        if worker in self.members:
+                            still.append((worker, grad, pending))
+                        seen.add(worker)
+                        continue
+                    seen.add(worker)
+                    decisions.append((slot, self.take_push(slot, worker, grad, pending, now)))
+                slot.held = still
+
+    def _apply_and_release(self, decisions) -> None:
+        to_apply = list({id(slot): slot for slot, d in decisions
+                         if d.apply and slot.gathered}.values())
         if to_apply:
             self.apply(to_apply)
         for slot, d in decisions:
@@ -397,6 +435,9 @@ class Server:
             raise RequestError("set an optimizer before loading optimizer states")
         self.updater.states = states
         self.updater.states_synced = dict.fromkeys(states, False)
+        self.reply(ident, header["seq"])
+
+    def op_hello(self, ident, header, buffers) -> None:
         self.reply(ident, header["seq"])
 
     def op_stats(self, ident, header, buffers) -> None:

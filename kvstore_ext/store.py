@@ -7,17 +7,22 @@ into the output arrays.
 """
 from __future__ import annotations
 
+import logging
 import os
 import pickle
+import time
 
 import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 from . import config as cfg
+from . import engine
 from .client import Connection, KVStoreError
 from .metrics import WorkerMetrics, write_json
 from .partition import Partitioner
+
+log = logging.getLogger("kvstore_ext")
 
 _connection: Connection | None = None
 
@@ -74,6 +79,7 @@ class ParameterServerStore(KVStoreBase):
         self._meta: dict = {}          # key -> (shape, dtype)
         self._updater = None           # gluon.Trainer.load_states reads _updater.optimizer
         self._metrics = WorkerMetrics()
+        self._deferred_error: Exception | None = None
 
     # -- properties MXNet asks for ----------------------------------------------------------
     @property
@@ -106,6 +112,7 @@ class ParameterServerStore(KVStoreBase):
     # -- data plane ---------------------------------------------------------------------------
     def init(self, key, value):
         """Create keys on the servers; worker 0's values win, as in MXNet."""
+        self._raise_deferred()
         items: dict[int, tuple[list, list]] = {}
         send_values = self.rank == 0
         for k, v in _pairs(key, value):
@@ -138,30 +145,79 @@ class ParameterServerStore(KVStoreBase):
         self._exchange("push", _pairs(key, value), None)
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
+        """Pull weights into ``out``; like MXNet, the arrays are filled through the engine."""
         if out is None:
             raise ValueError("pull needs out=")
-        self._exchange("pull", [(k, None) for k, _ in _pairs(key, out, "out")], _pairs(key, out, "out"))
+        outs = _pairs(key, out, "out")
+        self._exchange("pull", [(k, None) for k, _ in outs], outs)
 
     def pushpull(self, key, value, out=None, priority=0):
-        """Push gradients and pull the weights back in one round trip per server."""
+        """Push gradients and pull the weights back, one message per server.
+
+        It returns once the gradients are sent; the output arrays are written
+        when the servers answer, and MXNet's engine makes every reader of them
+        wait for that, as with MXNet's own stores.
+        """
         pairs = _pairs(key, value)
         outs = _pairs(key, out, "out") if out is not None else pairs
         self._exchange("pushpull", pairs, outs)
 
     def _exchange(self, op: str, pairs, outs) -> None:
+        self._raise_deferred()
         # _plan reads the gradients, which waits for MXNet's engine to finish computing them:
         # that time is compute, so the clock for waiting on the store starts after it
         plan = self._plan(op, pairs)
+        targets = self._targets(outs) if outs is not None else []
         self._metrics.begin_call()
+        tickets = self._conn.send({s: ({"op": op, "items": its}, bufs)
+                                   for s, (its, bufs, _) in plan.items()})
+        if op != "pull":
+            self._metrics.count_pushes(k for k, _ in pairs)
+        arrays = [o for _, o in targets]
+        if arrays and engine.on_cpu(arrays):
+            engine.push(lambda: self._complete(plan, tickets, targets), arrays)
+            self._metrics.end_call()
+            return
         try:
-            replies = self._conn.request({s: ({"op": op, "items": its}, bufs)
-                                          for s, (its, bufs, _) in plan.items()})
-            if op != "pull":
-                self._metrics.count_pushes(k for k, _ in pairs)
-            if outs is not None:
-                self._write_outs(plan, replies, outs)
+            replies = self._conn.wait(tickets)
+            for k, value in self._values(plan, replies):
+                for key, o in targets:
+                    if key == k:
+                        o._sync_copyfrom(value)
         finally:
             self._metrics.end_call()
+
+    def _complete(self, plan, tickets, targets) -> None:
+        """In the engine: wait for the replies, write the weights (errors wait for the next call)."""
+        t0 = time.perf_counter()
+        try:
+            replies = self._conn.wait(tickets)
+            values = dict(self._values(plan, replies))
+            for k, o in targets:
+                engine.write(o, values[k])
+        except Exception as exc:
+            self._deferred_error = exc
+            log.error("kvstore_ext: %s", exc)
+        finally:
+            self._metrics.add_wait(time.perf_counter() - t0)
+
+    def _raise_deferred(self) -> None:
+        exc, self._deferred_error = self._deferred_error, None
+        if exc is not None:
+            raise exc
+
+    def _targets(self, outs):
+        """``(key, array)`` for every output array, shapes checked before anything is sent."""
+        targets = []
+        for k, out in outs:
+            k = _check_key(k)
+            shape = self._meta[k][0] if k in self._meta else None
+            for o in _as_list(out):
+                if shape is not None and tuple(o.shape) != shape:
+                    raise KVStoreError(f"key {k!r}: out has shape {tuple(o.shape)}, but the key "
+                                       f"has shape {shape}")
+                targets.append((k, o))
+        return targets
 
     def _plan(self, op: str, pairs):
         """Per server: the items, the gradient buffers, and which (key, block) each item is."""
@@ -199,16 +255,15 @@ class ParameterServerStore(KVStoreBase):
             total = x if total is None else total + x
         return total.reshape(-1)
 
-    def _write_outs(self, plan, replies, outs) -> None:
+    def _values(self, plan, replies):
+        """``(key, value)`` for every key of a reply, blocks put back together."""
         parts: dict = {}
         for server, (_, _, where) in plan.items():
             _, buffers = replies[server]
             for b, buf in zip(where, buffers):
                 parts.setdefault(b.key, []).append((b, buf))
-        for k, out in outs:
-            k = _check_key(k)
+        for k, blocks in parts.items():
             shape, dtype = self._meta[k]
-            blocks = parts[k]
             if len(blocks) == 1:
                 value = np.frombuffer(blocks[0][1], dtype=dtype).reshape(shape)
             else:
@@ -216,15 +271,12 @@ class ParameterServerStore(KVStoreBase):
                 for b, buf in blocks:
                     value[b.start:b.stop] = np.frombuffer(buf, dtype=dtype)
                 value = value.reshape(shape)
-            for o in _as_list(out):
-                if tuple(o.shape) != shape:
-                    raise KVStoreError(f"key {k!r}: out has shape {tuple(o.shape)}, but the key "
-                                       f"has shape {shape}")
-                o._sync_copyfrom(value)
+            yield k, value
 
     # -- optimizer ----------------------------------------------------------------------------
     def set_optimizer(self, optimizer):
         """Send MXNet's optimizer (pickled, authenticated) to every server."""
+        self._raise_deferred()
         blob = pickle.dumps(optimizer)
         self._conn.request({s: ({"op": "set_optimizer"}, [blob])
                             for s in range(self.num_servers)})
@@ -270,10 +322,12 @@ class ParameterServerStore(KVStoreBase):
     # -- job ----------------------------------------------------------------------------------
     def barrier(self):
         """Wait until every live worker of the job reaches this point."""
+        self._raise_deferred()
         self._conn.scheduler_call({"op": "barrier"})
 
     def stats(self) -> dict:
         """This worker's metrics and every server's, read live."""
+        self._raise_deferred()
         replies = self._conn.request({s: ({"op": "stats"}, []) for s in range(self.num_servers)})
         return {"type": self.type, "params": self.params, "rank": self.rank,
                 "num_workers": self.num_workers, "worker": self._metrics.to_dict(),

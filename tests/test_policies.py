@@ -57,14 +57,15 @@ def test_bsp_single_worker_is_every_push():
         assert d.apply and ok_workers(d) == [0]
 
 
-def test_bsp_rejects_a_second_push_in_one_round_without_changing_state():
+def test_bsp_holds_a_second_push_in_one_round_for_the_next():
     p = BSPPolicy(range(2))
     p.on_push(0, 0)
-    assert "twice" in p.check_push(0)
+    assert not p.accepts_now(0) and p.accepts_now(1)
     with pytest.raises(PolicyError, match="twice"):
         p.on_push(0, 0)
     assert p.clocks.clock == {0: 1, 1: 0}
     assert p.on_push(1, 0).apply
+    assert p.accepts_now(0)
 
 
 def test_bsp_worker_leaving_completes_the_round():

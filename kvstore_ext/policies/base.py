@@ -54,6 +54,10 @@ class SyncPolicy:
                     f"(members: {self.workers})")
         return None
 
+    def accepts_now(self, worker: int) -> bool:
+        """False when this push belongs to a later round: the server holds it back until then."""
+        return True
+
     def on_push(self, worker: int, now: float) -> Decision:
         raise NotImplementedError
 

@@ -1,7 +1,7 @@
 """Bulk synchronous parallel: MXNet's ``dist_sync``."""
 from __future__ import annotations
 
-from .base import Decision, SyncPolicy
+from .base import Decision, PolicyError, SyncPolicy
 
 
 class BSPPolicy(SyncPolicy):
@@ -14,15 +14,16 @@ class BSPPolicy(SyncPolicy):
         self.pushed: list[int] = []   # live workers that pushed in the current round
         self.gathered = 0             # pushes in the current round, a departed worker's included
 
-    def check_push(self, worker: int) -> str | None:
-        problem = super().check_push(worker)
-        if problem is None and worker in self.pushed:
-            problem = (f"worker {worker} pushed twice in one synchronous round "
-                       f"(round {self.clocks.clock[worker]}); wait for its pull first")
-        return problem
+    def accepts_now(self, worker: int) -> bool:
+        """A worker that already pushed in this round is pushing for the next one."""
+        return worker not in self.pushed
 
     def on_push(self, worker: int, now: float) -> Decision:
         self._check_member(worker)
+        if worker in self.pushed:
+            raise PolicyError(f"worker {worker} pushed twice in one synchronous round "
+                              f"(round {self.clocks.clock[worker]}); hold the push back until "
+                              f"the round is over")
         self.clocks.tick(worker)
         self.pushed.append(worker)
         self.gathered += 1

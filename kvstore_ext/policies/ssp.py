@@ -33,6 +33,10 @@ class SSPPolicy(SyncPolicy):
         self.staleness = check_staleness("staleness", staleness)
         self.room = WaitingRoom()
 
+    def accepts_now(self, worker: int) -> bool:
+        """A worker still waiting for OK is pushing ahead of its OK: hold that push back."""
+        return worker not in self.room
+
     def on_push(self, worker: int, now: float) -> Decision:
         self._check_member(worker)
         clock = self.clocks.tick(worker)

@@ -134,6 +134,7 @@ class Connection:
         self.sched.connect(self.env.scheduler_address)
         self.seq = itertools.count(1)
         self.tickets: dict[int, Ticket] = {}
+        self.send_lock = threading.Lock()
         self.closed = False
         self.notices: list[dict] = []
         self.failure: str | None = None
@@ -225,6 +226,11 @@ class Connection:
         if self.failure:
             raise WorkerLostError(self.failure)
         tickets = {}
+        with self.send_lock:   # the training thread and MXNet's engine threads both send
+            self._send_locked(messages, tickets)
+        return tickets
+
+    def _send_locked(self, messages, tickets) -> None:
         for server, (header, buffers) in messages.items():
             seq = next(self.seq)
             header["seq"] = seq
@@ -234,7 +240,6 @@ class Connection:
             self.tickets[seq] = ticket
             self.tx[server].send_multipart(self.codec.seal(header, buffers), copy=False)
             tickets[server] = ticket
-        return tickets
 
     def wait(self, tickets: dict[int, Ticket]) -> dict[int, tuple[dict, list]]:
         """Wait for every ticket; raise the first error (after all have answered)."""

@@ -26,6 +26,19 @@ from .transport import AuthError, Codec, array_from_buffer, bind_random, new_con
 log = logging.getLogger("kvstore_ext.server")
 
 mx = None  # imported in main(), after the engine is chosen
+SYNCHRONOUS_ENGINE = False
+AGGREGATE_KEYS = 32
+
+
+def memory_view(array) -> np.ndarray:
+    """A numpy view of a CPU NDArray's memory (valid while the NDArray lives)."""
+    import ctypes
+    from mxnet.base import _LIB, check_call
+    ptr = ctypes.c_void_p()
+    check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
+    dtype = np.dtype(array.dtype)
+    raw = (ctypes.c_char * (array.size * dtype.itemsize)).from_address(ptr.value)
+    return np.frombuffer(raw, dtype=dtype)
 
 
 class RequestError(Exception):
@@ -43,7 +56,8 @@ class Slot:
         self.size = value.size
         self.weight = mx.nd.array(value, dtype=self.dtype)
         self.grad = mx.nd.zeros(self.size, dtype=self.dtype)
-        self.acc = np.zeros(self.size, dtype=self.dtype)
+        # with the synchronous engine, gradients are summed straight into the NDArray's memory
+        self.acc = memory_view(self.grad) if SYNCHRONOUS_ENGINE else np.zeros(self.size, self.dtype)
         self.gathered = 0
         self.version = 0
         self.policy = policy
@@ -273,6 +287,8 @@ class Server:
         return slot
 
     def _check_block(self, slot: Slot, dtype: str, size: int, what: str) -> None:
+        if size == slot.size and dtype == slot.dtype.str:
+            return
         if np.dtype(dtype) != slot.dtype:
             raise RequestError(f"{what} key {slot.key!r} as {np.dtype(dtype).name}, but it holds "
                                f"{slot.dtype.name} (shape {slot.shape})")
@@ -338,13 +354,17 @@ class Server:
             if problem:
                 raise RequestError(f"key {slot.key!r}: {problem}")
             slots.append(slot)
-            grads.append(array_from_buffer(buf, slot.dtype, (slot.size,)))
+            if buf.nbytes != slot.size * slot.dtype.itemsize:
+                raise RequestError(f"key {slot.key!r}: {buf.nbytes} bytes sent for {slot.size} "
+                                   f"{slot.dtype.name} elements")
+            grads.append(np.frombuffer(buf, dtype=slot.dtype))
         now = time.monotonic()
         pending = Pending(ident, header["seq"], worker, slots, header["op"] == "pushpull")
         decisions = []
         self.metrics.pushes_received += len(slots)
         for slot, grad in zip(slots, grads):
-            if not slot.policy.accepts_now(worker) or any(h[0] == worker for h in slot.held):
+            if not slot.policy.accepts_now(worker) or (slot.held and
+                                                       any(h[0] == worker for h in slot.held)):
                 slot.held.append((worker, grad, pending))   # a push for a later round
             else:
                 decisions.append((slot, self.take_push(slot, worker, grad, pending, now)))
@@ -353,7 +373,10 @@ class Server:
     def take_push(self, slot: Slot, worker: int, grad, pending: Pending, now: float):
         slot.gather(grad)
         self.metrics.record_staleness(worker, slot.version - slot.pulled.get(worker, 0))
-        slot.waiting.setdefault(worker, deque()).append(pending)
+        queue = slot.waiting.get(worker)
+        if queue is None:
+            queue = slot.waiting[worker] = deque()
+        queue.append(pending)
         return slot.policy.on_push(worker, now)
 
     def carry_out(self, decisions) -> None:
@@ -399,7 +422,8 @@ class Server:
 
     def apply(self, slots) -> None:
         for slot in slots:
-            slot.grad._sync_copyfrom(slot.acc)
+            if not SYNCHRONOUS_ENGINE:
+                slot.grad._sync_copyfrom(slot.acc)
             self.metrics.pushes_applied += slot.gathered
             slot.gathered = 0
         if self.updater is not None:
@@ -415,6 +439,10 @@ class Server:
         blob = bytes(buffers[0])
         if blob != self.optimizer_blob:
             optimizer = pickle.loads(blob)   # authenticated by the job secret (see transport)
+            if getattr(optimizer, "aggregate_num", 0) > 0:
+                # a server updates many keys at once: fuse more of them per kernel call
+                # (the same arithmetic per element, fewer calls)
+                optimizer.aggregate_num = max(optimizer.aggregate_num, AGGREGATE_KEYS)
             self.updater = mx.optimizer.get_updater(optimizer)
             self.optimizer_blob = blob
         self.reply(ident, header["seq"])
@@ -445,7 +473,7 @@ class Server:
 
 
 def main(argv=None) -> int:
-    global mx
+    global mx, SYNCHRONOUS_ENGINE
     logging.basicConfig(level=logging.INFO, format="[kvstore_ext server] %(message)s")
     # Updates run inline on small arrays: the threaded engine only adds latency here.
     os.environ.setdefault("MXNET_ENGINE_TYPE", "NaiveEngine")
@@ -454,6 +482,7 @@ def main(argv=None) -> int:
         os.environ.pop(var, None)   # never become an MXNet ps-lite node by accident
     import mxnet
     mx = mxnet
+    SYNCHRONOUS_ENGINE = os.environ.get("MXNET_ENGINE_TYPE") == "NaiveEngine"
     try:
         env = cfg.JobEnv.from_environ("server")
         server = Server(env)

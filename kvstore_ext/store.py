@@ -18,6 +18,7 @@ from mxnet.kvstore import KVStoreBase
 
 from . import config as cfg
 from . import engine
+from .batching import Coalescer
 from .client import Connection, KVStoreError
 from .metrics import WorkerMetrics, write_json
 from .partition import Partitioner
@@ -80,6 +81,8 @@ class ParameterServerStore(KVStoreBase):
         self._updater = None           # gluon.Trainer.load_states reads _updater.optimizer
         self._metrics = WorkerMetrics()
         self._deferred_error: Exception | None = None
+        coalesce = os.environ.get("KVX_COALESCE", "1") != "0"
+        self._coalescer = Coalescer(self._conn.send) if coalesce else None
 
     # -- properties MXNet asks for ----------------------------------------------------------
     @property
@@ -112,7 +115,7 @@ class ParameterServerStore(KVStoreBase):
     # -- data plane ---------------------------------------------------------------------------
     def init(self, key, value):
         """Create keys on the servers; worker 0's values win, as in MXNet."""
-        self._raise_deferred()
+        self._settle()
         items: dict[int, tuple[list, list]] = {}
         send_values = self.rank == 0
         for k, v in _pairs(key, value):
@@ -168,13 +171,20 @@ class ParameterServerStore(KVStoreBase):
         # that time is compute, so the clock for waiting on the store starts after it
         plan = self._plan(op, pairs)
         targets = self._targets(outs) if outs is not None else []
+        arrays = [o for _, o in targets]
+        in_engine = bool(arrays) and engine.on_cpu(arrays)
         self._metrics.begin_call()
-        tickets = self._conn.send({s: ({"op": op, "items": its}, bufs)
-                                   for s, (its, bufs, _) in plan.items()})
         if op != "pull":
             self._metrics.count_pushes(k for k, _ in pairs)
-        arrays = [o for _, o in targets]
-        if arrays and engine.on_cpu(arrays):
+        if in_engine and op == "pushpull" and len(pairs) == 1 and self._coalescer is not None:
+            batch = self._coalescer.add(op, _check_key(pairs[0][0]), plan)
+            engine.push(lambda: self._complete_batch(batch, targets), arrays)
+            self._metrics.end_call()
+            return
+        self._flush()
+        tickets = self._conn.send({s: ({"op": op, "items": its}, bufs)
+                                   for s, (its, bufs, _) in plan.items()})
+        if in_engine:
             engine.push(lambda: self._complete(plan, tickets, targets), arrays)
             self._metrics.end_call()
             return
@@ -201,10 +211,38 @@ class ParameterServerStore(KVStoreBase):
         finally:
             self._metrics.add_wait(time.perf_counter() - t0)
 
+    def _complete_batch(self, batch, targets) -> None:
+        """In the engine: the same for a call that travelled in a batch."""
+        t0 = time.perf_counter()
+        try:
+            self._coalescer.wait_sent(batch)
+            if batch.error is not None:
+                raise batch.error
+            replies = self._conn.wait(batch.tickets)
+            values = batch.values(lambda: dict(self._values(batch.plan, replies)))
+            for k, o in targets:
+                engine.write(o, values[k])
+        except Exception as exc:
+            self._deferred_error = exc
+            log.error("kvstore_ext: %s", exc)
+        finally:
+            self._metrics.add_wait(time.perf_counter() - t0)
+
+    def _flush(self) -> None:
+        """Send calls still held for batching: whatever comes next must not overtake them."""
+        if self._coalescer is not None:
+            self._coalescer.flush()
+
     def _raise_deferred(self) -> None:
+        """Raise an error that an engine operation met since the last call."""
         exc, self._deferred_error = self._deferred_error, None
         if exc is not None:
             raise exc
+
+    def _settle(self) -> None:
+        """Before a call that is not a per-key pushpull: no held call, no hidden error."""
+        self._flush()
+        self._raise_deferred()
 
     def _targets(self, outs):
         """``(key, array)`` for every output array, shapes checked before anything is sent."""
@@ -242,16 +280,16 @@ class ParameterServerStore(KVStoreBase):
 
     @staticmethod
     def _local_sum(key, value, shape, dtype) -> np.ndarray:
-        arrays = _as_list(value)
+        """The value to push, summed over devices; checked on the numpy copy (no extra C calls)."""
         total = None
-        for a in arrays:
-            if tuple(a.shape) != shape:
-                raise KVStoreError(f"key {key!r}: pushed shape {tuple(a.shape)}, but the key was "
-                                   f"initialised with shape {shape}")
-            if np.dtype(a.dtype) != dtype:
-                raise KVStoreError(f"key {key!r}: pushed dtype {np.dtype(a.dtype).name}, but the "
-                                   f"key was initialised as {dtype.name}")
+        for a in _as_list(value):
             x = a.asnumpy()
+            if x.shape != shape:
+                raise KVStoreError(f"key {key!r}: pushed shape {x.shape}, but the key was "
+                                   f"initialised with shape {shape}")
+            if x.dtype != dtype:
+                raise KVStoreError(f"key {key!r}: pushed dtype {x.dtype.name}, but the "
+                                   f"key was initialised as {dtype.name}")
             total = x if total is None else total + x
         return total.reshape(-1)
 
@@ -276,7 +314,7 @@ class ParameterServerStore(KVStoreBase):
     # -- optimizer ----------------------------------------------------------------------------
     def set_optimizer(self, optimizer):
         """Send MXNet's optimizer (pickled, authenticated) to every server."""
-        self._raise_deferred()
+        self._settle()
         blob = pickle.dumps(optimizer)
         self._conn.request({s: ({"op": "set_optimizer"}, [blob])
                             for s in range(self.num_servers)})
@@ -284,6 +322,7 @@ class ParameterServerStore(KVStoreBase):
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
         """Gather the servers' optimizer states into MXNet's Updater file format."""
+        self._settle()
         replies = self._conn.request({s: ({"op": "get_states"}, [])
                                       for s in range(self.num_servers)})
         per_key: dict = {}
@@ -301,6 +340,7 @@ class ParameterServerStore(KVStoreBase):
             f.write(pickle.dumps((merged, optimizer) if dump_optimizer else merged))
 
     def load_optimizer_states(self, fname):
+        self._settle()
         with open(fname, "rb") as f:
             loaded = pickle.loads(f.read())
         if isinstance(loaded, tuple) and len(loaded) == 2 and isinstance(loaded[1], mx.optimizer.Optimizer):
@@ -322,12 +362,12 @@ class ParameterServerStore(KVStoreBase):
     # -- job ----------------------------------------------------------------------------------
     def barrier(self):
         """Wait until every live worker of the job reaches this point."""
-        self._raise_deferred()
+        self._settle()
         self._conn.scheduler_call({"op": "barrier"})
 
     def stats(self) -> dict:
         """This worker's metrics and every server's, read live."""
-        self._raise_deferred()
+        self._settle()
         replies = self._conn.request({s: ({"op": "stats"}, []) for s in range(self.num_servers)})
         return {"type": self.type, "params": self.params, "rank": self.rank,
                 "num_workers": self.num_workers, "worker": self._metrics.to_dict(),
@@ -344,6 +384,7 @@ class ParameterServerStore(KVStoreBase):
 
     def close(self):
         """Leave the job (also done at interpreter exit)."""
+        self._flush()
         self._conn.close()
 
 

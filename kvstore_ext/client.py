@@ -253,6 +253,15 @@ class Connection:
             raise (WorkerLostError if lost or "died" in errors[0] else KVStoreError)(errors[0])
         return {s: (t.header, t.buffers) for s, t in tickets.items()}
 
+    def drain(self) -> None:
+        """Wait until every request this worker sent has been answered."""
+        while self.tickets:
+            if self.failure:
+                raise WorkerLostError(self.failure)
+            waiting = list(self.tickets.values())   # one C-level copy: safe while the link thread pops
+            if waiting:
+                waiting[0].event.wait(0.5)
+
     def request(self, messages: dict[int, tuple[dict, list]]) -> dict[int, tuple[dict, list]]:
         return self.wait(self.send(messages))
 

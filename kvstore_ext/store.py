@@ -1,9 +1,11 @@
 """The worker side of the parameter-server stores, as MXNet ``KVStoreBase`` classes.
 
 ``gluon.Trainer(..., kvstore='dist_ssp')`` finds these through MXNet's
-registry.  Each call turns its keys into one message per server (all keys of a
-list call travel together), waits for the replies and writes the pulled values
-into the output arrays.
+registry.  A call turns its keys into one message per server (all keys of a
+list call travel together; per-key calls are gathered, see ``batching``) and
+returns once they are sent.  The pulled values are written into the output
+arrays by an operation in MXNet's engine (see ``engine``), so that, as with
+MXNet's own stores, whatever reads them waits for them and nothing else does.
 """
 from __future__ import annotations
 
@@ -178,14 +180,15 @@ class ParameterServerStore(KVStoreBase):
             self._metrics.count_pushes(k for k, _ in pairs)
         if in_engine and op == "pushpull" and len(pairs) == 1 and self._coalescer is not None:
             batch = self._coalescer.add(op, _check_key(pairs[0][0]), plan)
-            engine.push(lambda: self._complete_batch(batch, targets), arrays)
+            engine.push(lambda: self._complete(targets, lambda: self._batch_values(batch)), arrays)
             self._metrics.end_call()
             return
         self._flush()
         tickets = self._conn.send({s: ({"op": op, "items": its}, bufs)
                                    for s, (its, bufs, _) in plan.items()})
         if in_engine:
-            engine.push(lambda: self._complete(plan, tickets, targets), arrays)
+            engine.push(lambda: self._complete(
+                targets, lambda: dict(self._values(plan, self._conn.wait(tickets)))), arrays)
             self._metrics.end_call()
             return
         try:
@@ -197,12 +200,11 @@ class ParameterServerStore(KVStoreBase):
         finally:
             self._metrics.end_call()
 
-    def _complete(self, plan, tickets, targets) -> None:
+    def _complete(self, targets, fetch_values) -> None:
         """In the engine: wait for the replies, write the weights (errors wait for the next call)."""
         t0 = time.perf_counter()
         try:
-            replies = self._conn.wait(tickets)
-            values = dict(self._values(plan, replies))
+            values = fetch_values()
             for k, o in targets:
                 engine.write(o, values[k])
         except Exception as exc:
@@ -211,22 +213,13 @@ class ParameterServerStore(KVStoreBase):
         finally:
             self._metrics.add_wait(time.perf_counter() - t0)
 
-    def _complete_batch(self, batch, targets) -> None:
-        """In the engine: the same for a call that travelled in a batch."""
-        t0 = time.perf_counter()
-        try:
-            self._coalescer.wait_sent(batch)
-            if batch.error is not None:
-                raise batch.error
-            replies = self._conn.wait(batch.tickets)
-            values = batch.values(lambda: dict(self._values(batch.plan, replies)))
-            for k, o in targets:
-                engine.write(o, values[k])
-        except Exception as exc:
-            self._deferred_error = exc
-            log.error("kvstore_ext: %s", exc)
-        finally:
-            self._metrics.add_wait(time.perf_counter() - t0)
+    def _batch_values(self, batch) -> dict:
+        """The values of a call that travelled in a batch (assembled once per batch)."""
+        self._coalescer.wait_sent(batch)
+        if batch.error is not None:
+            raise batch.error
+        replies = self._conn.wait(batch.tickets)
+        return batch.values(lambda: dict(self._values(batch.plan, replies)))
 
     def _flush(self) -> None:
         """Send calls still held for batching: whatever comes next must not overtake them."""
@@ -240,8 +233,11 @@ class ParameterServerStore(KVStoreBase):
             raise exc
 
     def _settle(self) -> None:
-        """Before a call that is not a per-key pushpull: no held call, no hidden error."""
+        """Before a call that is not a pushpull: no held call, no unanswered request
+        (so that, say, saved optimizer states include every update sent so far), no
+        hidden error."""
         self._flush()
+        self._conn.drain()
         self._raise_deferred()
 
     def _targets(self, outs):

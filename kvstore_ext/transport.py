@@ -67,10 +67,10 @@ class Codec:
     def seal(self, header: dict, buffers=()) -> list:
         bufs = [_as_bytes_view(b) for b in buffers]
         if len(bufs) > 1:
-            # many arrays travel as one frame: one copy is far cheaper than a frame each
-            layout, packed = pack(bufs)
+            # small arrays travel together in one frame (a copy is cheaper than a frame each);
+            # large ones keep a frame of their own and are sent without a copy
+            layout, bufs = pack(bufs)
             header = {**header, LAYOUT: layout}
-            bufs = [packed]
         head = json.dumps(header, separators=(",", ":")).encode()
         nonce = os.urandom(NONCE_BYTES)
         return [head, nonce + self._tag(nonce, head, bufs), *bufs]
@@ -95,13 +95,12 @@ class Codec:
             raise AuthError("malformed header")
         layout = header.pop(LAYOUT, None)
         if layout is not None:
-            frame = buffers[0] if len(buffers) == 1 else memoryview(b"")
             try:
-                buffers = [frame[off:off + n] for off, n in layout]
-            except (TypeError, ValueError):
+                buffers = [buffers[f][off:off + n] for f, off, n in layout]
+            except (TypeError, ValueError, IndexError):
                 raise AuthError("malformed layout") from None
-            if any(len(b) != n for b, (_, n) in zip(buffers, layout)):
-                raise AuthError("layout does not fit the data frame")
+            if any(len(b) != n for b, (_, _, n) in zip(buffers, layout)):
+                raise AuthError("layout does not fit the data frames")
         return header, buffers
 
 
@@ -109,17 +108,30 @@ LAYOUT = "_layout"
 ALIGN = 8
 
 
-def pack(views) -> tuple[list, np.ndarray]:
-    """Copy byte views into one buffer, each at an offset aligned for any dtype."""
-    layout, offset = [], 0
+OWN_FRAME_BYTES = 1 << 16
+
+
+def pack(views) -> tuple[list, list]:
+    """Frames for byte views, and where each view lies: ``[frame, offset, nbytes]``.
+
+    Views of at least ``OWN_FRAME_BYTES`` are frames of their own; the others are
+    copied into frame 0, each at an offset aligned for any dtype.
+    """
+    layout, frames, small, offset = [], [None], [], 0
     for v in views:
-        layout.append([offset, v.nbytes])
-        offset += -(-v.nbytes // ALIGN) * ALIGN
+        if v.nbytes >= OWN_FRAME_BYTES:
+            layout.append([len(frames), 0, v.nbytes])
+            frames.append(v)
+        else:
+            layout.append([0, offset, v.nbytes])
+            small.append((offset, v))
+            offset += -(-v.nbytes // ALIGN) * ALIGN
     packed = np.empty(offset, dtype=np.uint8)
-    for (off, n), v in zip(layout, views):
-        if n:
-            packed[off:off + n] = np.frombuffer(v, dtype=np.uint8)
-    return layout, packed
+    for off, v in small:
+        if v.nbytes:
+            packed[off:off + v.nbytes] = np.frombuffer(v, dtype=np.uint8)
+    frames[0] = packed
+    return layout, frames
 
 
 def _frame_bytes(frame) -> bytes:

@@ -156,24 +156,11 @@ def main(argv=None) -> int:
 
 
 def write_tables(rows, args) -> None:
-    import csv
-    with open(os.path.join(args.out, "bench.json"), "w") as f:
-        json.dump({"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),
-                   "rows": rows}, f, indent=1)
-    with open(os.path.join(args.out, "bench.csv"), "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=[k for k in rows[0] if k != "trials"])
-        wr.writeheader()
-        for r in rows:
-            wr.writerow({k: v for k, v in r.items() if k != "trials"})
-    lines = ["| model | workers × servers | store | rounds/s (median) | × native per-key |",
-             "| --- | --- | --- | ---: | ---: |"]
-    for r in rows:
-        lines.append(f"| {r['model']} | {r['workers']}×{r['servers']} | {r['store']} | "
-                     f"{r['rounds_per_s']:.1f} | {r['vs_native_per_key']:.2f} |")
-    table = "\n".join(lines)
-    with open(os.path.join(args.out, "bench.md"), "w") as f:
-        f.write(table + "\n")
-    print(table)
+    from kvstore_ext.results import write_results
+    print(write_results(args.out, "bench", rows, [
+        ("model", "model", "{}"), ("workers", "workers", "{}"), ("servers", "servers", "{}"),
+        ("store", "store", "{}"), ("rounds/s (median)", "rounds_per_s", "{:.1f}"),
+        ("× native per-key", "vs_native_per_key", "{:.2f}")]))
 
 
 if __name__ == "__main__":

@@ -15,12 +15,12 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
 from kvstore_ext.launcher import run_local_job  # noqa: E402
+from kvstore_ext.results import write_results  # noqa: E402
 
 # (label, kvstore, backend, trainer, baseline label)
 CASES = [
@@ -69,19 +69,9 @@ def main(argv=None) -> int:
                      "samples_per_s_per_worker": round(med, 1), "trials": samples[label],
                      "vs_native": round(ratio, 2),
                      "test_accuracy_median": statistics.median(accuracy[label])})
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "train.json"), "w") as f:
-        json.dump({"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),
-                   "rows": rows}, f, indent=1)
-    lines = ["| case | samples/s per worker (median) | × native | test accuracy |",
-             "| --- | ---: | ---: | ---: |"]
-    for r in rows:
-        lines.append(f"| {r['case']} | {r['samples_per_s_per_worker']:.0f} | {r['vs_native']:.2f} | "
-                     f"{r['test_accuracy_median']:.3f} |")
-    table = "\n".join(lines)
-    with open(os.path.join(args.out, "train.md"), "w") as f:
-        f.write(table + "\n")
-    print(table)
+    print(write_results(args.out, "train", rows, [
+        ("case", "case", "{}"), ("samples/s per worker (median)", "samples_per_s_per_worker", "{:.0f}"),
+        ("× native", "vs_native", "{:.2f}"), ("test accuracy", "test_accuracy_median", "{:.3f}")]))
     return 0
 
 

@@ -5,15 +5,16 @@ returns at once (its result arrives through MXNet's engine), so calls can be
 held for a moment and sent together: a step of ResNet-20 becomes one message
 per server instead of 65.  A batch is sent when the step's key sequence
 comes round to its last key (learned from the first step: the key before the
-first repeated one), when a key would appear twice, when any other call
-needs the store, or, as a backstop, when an engine operation has waited
-``WINDOW`` seconds for a batch nobody sent.
+first key came again), when a key would appear twice, when any other call
+needs the store, or, as a backstop, when an engine operation waits for a
+batch that nobody sent and no call has joined it for ``QUIET`` seconds.
 """
 from __future__ import annotations
 
 import threading
+import time
 
-WINDOW = 0.002
+QUIET = 0.001
 
 
 class Batch:
@@ -23,6 +24,7 @@ class Batch:
         self.op = op
         self.plan: dict[int, tuple[list, list, list]] = {}
         self.keys: set = set()
+        self.first_key = None
         self.last_key = None
         self.sent = threading.Event()
         self.tickets = None
@@ -36,6 +38,8 @@ class Batch:
             mine[0].extend(items)
             mine[1].extend(bufs)
             mine[2].extend(where)
+        if not self.keys:
+            self.first_key = key
         self.keys.add(key)
         self.last_key = key
 
@@ -55,6 +59,8 @@ class Coalescer:
         self._lock = threading.Lock()
         self._open: Batch | None = None
         self.cycle_end = None
+        self.last_add = 0.0
+        self._previous = (None, None)   # first and last key of the batch sent last
 
     def add(self, op: str, key, plan) -> Batch:
         with self._lock:
@@ -65,7 +71,10 @@ class Coalescer:
                 batch = None
             if batch is None:
                 batch = self._open = Batch(op)
+                if self.cycle_end is None and key == self._previous[0]:
+                    self.cycle_end = self._previous[1]   # the last batch was one whole step
             batch.add(plan, key)
+            self.last_add = time.monotonic()
             if key == self.cycle_end:
                 self._send_locked()
             return batch
@@ -77,12 +86,14 @@ class Coalescer:
                 self._send_locked()
 
     def wait_sent(self, batch: Batch) -> None:
-        if not batch.sent.wait(WINDOW):
-            self.flush(batch)
-        batch.sent.wait()
+        """Wait until ``batch`` is sent; send it if the calls feeding it have stopped."""
+        while not batch.sent.wait(QUIET):
+            if time.monotonic() - self.last_add >= QUIET:
+                self.flush(batch)
 
     def _send_locked(self) -> None:
         batch, self._open = self._open, None
+        self._previous = (batch.first_key, batch.last_key)
         try:
             batch.tickets = self._send({s: ({"op": batch.op, "items": its}, bufs)
                                         for s, (its, bufs, _) in batch.plan.items()})

@@ -1,5 +1,4 @@
 """launch.py's command line: help, dry runs for every launcher, argument errors."""
-import os
 import subprocess
 import sys
 

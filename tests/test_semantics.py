@@ -5,12 +5,12 @@ import os
 import numpy as np
 import pytest
 
+import sys
+
 from conftest import JOBS, read_json
 
-sys_path_jobs = JOBS
-import sys  # noqa: E402
 sys.path.insert(0, JOBS)
-from exact_updates import LR, SHAPES, grad, init_value  # noqa: E402
+from exact_updates import LR, SHAPES, grad, init_value  # noqa: E402  (the job's own gradients)
 
 
 def expected_weights(num_workers, pushes):

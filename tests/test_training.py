@@ -29,7 +29,6 @@ def test_dist_bsp_equals_native_dist_sync(run_job, tmp_path):
         assert code == 0, log[-3000:]
         params[name] = [load_params(out.replace("{rank}", str(r))) for r in range(2)]
     ref = params["native"][0]
-    start = mx.nd  # noqa: F841
     for name in ("bsp", "bsp_batched"):
         for rank in range(2):
             got = params[name][rank]

@@ -8,7 +8,6 @@ import json
 import os
 import pickle
 import sys
-import time
 
 import mxnet as mx
 import numpy as np

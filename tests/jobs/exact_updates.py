@@ -5,7 +5,6 @@ exact in float32: any lost or doubled push changes the result.
 """
 import argparse
 import json
-import os
 import sys
 
 import mxnet as mx

@@ -2,7 +2,6 @@
 import os
 import sys
 
-import mxnet as mx
 
 import kvstore_ext
 

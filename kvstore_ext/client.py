@@ -93,34 +93,28 @@ class LinkThread(threading.Thread):
             for sock in self.rx:
                 sock.close(0)
 
-    def _drain_replies(self, sock) -> None:
-        conn = self.conn
+    def _messages(self, sock):
+        """The authenticated messages waiting on ``sock`` (others are dropped)."""
         while True:
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             try:
-                header, buffers = conn.codec.open(frames)
+                yield self.conn.codec.open(frames)
             except AuthError:
                 continue
-            ticket = conn.tickets.pop(header.get("seq"), None)
+
+    def _drain_replies(self, sock) -> None:
+        for header, buffers in self._messages(sock):
+            ticket = self.conn.tickets.pop(header.get("seq"), None)
             if ticket is not None:
                 ticket.fulfil(header, buffers)
 
     def _drain_notices(self) -> None:
-        conn = self.conn
-        while True:
-            try:
-                frames = self.hb.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                header, _ = conn.codec.open(frames)
-            except AuthError:
-                continue
+        for header, _ in self._messages(self.hb):
             self.last_ack = time.monotonic()
-            conn.notice(header)
+            self.conn.notice(header)
 
 
 class Connection:
@@ -136,7 +130,6 @@ class Connection:
         self.tickets: dict[int, Ticket] = {}
         self.send_lock = threading.Lock()
         self.closed = False
-        self.notices: list[dict] = []
         self.failure: str | None = None
         self.store = store
         self._register(store, start_timeout)
@@ -203,7 +196,6 @@ class Connection:
         op = header.get("op")
         if op == "ack":
             return
-        self.notices.append(header)
         if op == "abort":
             self.set_failure(header["error"])
         elif op == "node_dead":

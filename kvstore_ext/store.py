@@ -35,7 +35,6 @@ def _shared_connection(store: cfg.StoreConfig) -> Connection:
     global _connection
     if _connection is None or _connection.closed:
         _connection = Connection(store)
-        _connection.store = store
     elif _connection.store != store:
         raise KVStoreError(f"this process already joined the job with {_connection.store.describe()}; "
                            f"it cannot also use {store.describe()}")

@@ -18,4 +18,24 @@ def lenet(classes: int = 10) -> nn.HybridSequential:
     return net
 
 
-MODELS = {"lenet": lenet}
+def alexnet_small(classes: int = 10) -> nn.HybridSequential:
+    """The DSSP paper's downsized AlexNet (3 convolutions, 2 dense layers), scaled to 28x28.
+
+    The dense layers hold most of the weights, as in the paper's model: that is
+    what makes communication, and so the synchronisation model, matter.
+    """
+    net = nn.HybridSequential()
+    with net.name_scope():
+        net.add(nn.Conv2D(16, kernel_size=5, padding=2, activation="relu"),
+                nn.MaxPool2D(pool_size=2, strides=2),          # 14x14
+                nn.Conv2D(32, kernel_size=5, padding=2, activation="relu"),
+                nn.MaxPool2D(pool_size=2, strides=2),          # 7x7
+                nn.Conv2D(32, kernel_size=3, padding=1, activation="relu"),
+                nn.MaxPool2D(pool_size=2, strides=2),          # 3x3
+                nn.Flatten(),
+                nn.Dense(256, activation="relu"),
+                nn.Dense(classes))
+    return net
+
+
+MODELS = {"lenet": lenet, "alexnet_small": alexnet_small}

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from .client import KVStoreError, WorkerLostError
 from .config import STORE_TYPES, StoreConfig
-from .policies import make_policy
+from .horovod_params import HOROVOD_STORE_TYPES
+from .policies import dssp_extra_iterations, make_policy
 
 __version__ = "0.1.0"
 
 __all__ = ["create", "KVStoreError", "WorkerLostError", "STORE_TYPES", "StoreConfig",
-           "make_policy", "DistBSP", "DistASP", "DistSSP"]
+           "make_policy", "dssp_extra_iterations", "DistBSP", "DistASP", "DistSSP", "DistDSSP",
+           "DistDCS3GD", "DistSSGD", "HOROVOD_STORE_TYPES"]
 
 
 def create(name: str, **params):
@@ -22,6 +24,9 @@ def create(name: str, **params):
 
     The result is an ``mxnet.kvstore.KVStoreBase`` that ``gluon.Trainer`` accepts as ``kvstore=``.
     """
+    if str(name).lower() in HOROVOD_STORE_TYPES:   # decentralised, on Horovod
+        from .horovod_store import create_store
+        return create_store(name, **params)
     from .store import STORE_CLASSES
     config = StoreConfig.build(name, params)   # names the bad type or parameter
     return STORE_CLASSES[config.type](**config.params)
@@ -29,9 +34,12 @@ def create(name: str, **params):
 
 def __getattr__(name):
     # The store classes need mxnet; the scheduler and the policies do not.
-    if name in ("DistBSP", "DistASP", "DistSSP", "ParameterServerStore"):
+    if name in ("DistBSP", "DistASP", "DistSSP", "DistDSSP", "ParameterServerStore"):
         from . import store
         return getattr(store, name)
+    if name in ("DistDCS3GD", "DistSSGD", "delay_compensated"):
+        from . import horovod_store
+        return getattr(horovod_store, name)
     raise AttributeError(name)
 
 
@@ -41,7 +49,14 @@ def _register_with_mxnet() -> None:
     if os.environ.get("KVX_ROLE") in ("server", "scheduler"):
         return   # those processes choose MXNet's engine before they import it
     if "mxnet" in sys.modules or _mxnet_importable():
-        from . import store  # noqa: F401  (registers dist_bsp, dist_asp, dist_ssp)
+        from . import store  # noqa: F401  (registers the dist_* stores)
+        if _horovod_importable():
+            from . import horovod_store  # noqa: F401  (dist_dcs3gd, dist_ssgd; horovod loads on use)
+
+
+def _horovod_importable() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("horovod") is not None
 
 
 def _mxnet_importable() -> bool:

@@ -11,6 +11,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from .horovod_params import HOROVOD_STORE_TYPES
 from .policies import check_staleness
 
 ROLE = "KVX_ROLE"
@@ -27,6 +28,9 @@ HEARTBEAT_INTERVAL = "KVX_HEARTBEAT_INTERVAL"
 HEARTBEAT_TIMEOUT = "KVX_HEARTBEAT_TIMEOUT"
 METRICS_DIR = "KVX_METRICS_DIR"
 BIGARRAY_BOUND = "KVX_BIGARRAY_BOUND"
+WORKER_SPEED = "KVX_WORKER_SPEED"     # straggler emulation: speed of each worker, "1.0,0.43"
+SPEED_JITTER = "KVX_SPEED_JITTER"
+SPEED_SEED = "KVX_SPEED_SEED"
 
 #: what makes a process a node of one particular job (never inherited by a new job)
 IDENTITY_VARIABLES = (ROLE, SCHEDULER_HOST, SCHEDULER_PORT, NUM_WORKER, NUM_SERVER, SECRET,
@@ -43,12 +47,25 @@ def _ssp_params(params: dict) -> dict:
     return {"staleness": check_staleness("staleness", params.get("staleness", 3))}
 
 
+def _dssp_params(params: dict) -> dict:
+    lower = check_staleness("staleness_lower", params.get("staleness_lower", 3))
+    upper = check_staleness("staleness_upper", params.get("staleness_upper", 15))
+    if upper < lower:
+        raise ValueError(f"staleness_upper must be >= staleness_lower, got "
+                         f"staleness_lower={lower}, staleness_upper={upper}")
+    return {"staleness_lower": lower, "staleness_upper": upper}
+
+
 #: store type -> (parameter names, validator returning the normalised parameters)
 STORE_TYPES = {
     "dist_bsp": ((), _no_params),
     "dist_asp": ((), _no_params),
     "dist_ssp": (("staleness",), _ssp_params),
+    "dist_dssp": (("staleness_lower", "staleness_upper"), _dssp_params),
+    **HOROVOD_STORE_TYPES,   # decentralised: dist_dcs3gd, dist_ssgd
 }
+#: the types served by this project's scheduler and servers (the rest run on Horovod)
+PARAMETER_SERVER_TYPES = tuple(t for t in STORE_TYPES if t not in HOROVOD_STORE_TYPES)
 
 
 @dataclass(frozen=True)
@@ -79,6 +96,26 @@ class StoreConfig:
 
     def to_wire(self) -> dict:
         return {"type": self.type, "params": self.params}
+
+
+def parse_speeds(text: str, num_workers: int | None = None) -> list[float]:
+    """Worker speed factors from ``"1.0,0.43"``: each in (0, 1], one per worker (or one for all)."""
+    speeds = []
+    for part in str(text).split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            raise ValueError(f"worker speed {part.strip()!r} is not a number (in {text!r})") from None
+        if not 0 < value <= 1:
+            raise ValueError(f"worker speed {value} must be in (0, 1] (1.0 = full speed; "
+                             f"0.43 makes each iteration take 1/0.43 = 2.3 times as long)")
+        speeds.append(value)
+    if num_workers is not None and len(speeds) not in (1, num_workers):
+        raise ValueError(f"{len(speeds)} worker speeds given ({text!r}) for {num_workers} workers; "
+                         f"give one per worker or one for all")
+    if num_workers is not None and len(speeds) == 1:
+        speeds = speeds * num_workers
+    return speeds
 
 
 def params_from_env() -> dict:

@@ -6,13 +6,19 @@ servers' replies on one of the engine's prioritised CPU threads and copies the
 weights in.  Anything that reads those arrays (the next forward pass) waits
 for it through the engine's ordinary dependency tracking, while the Python
 thread goes on: per-key round trips overlap instead of adding up.
+
+The same machinery gives the Horovod stores their probes (:func:`probe`, a
+callback once arrays are ready) and :class:`SimulatedLink` (arrays held for a
+given time on one serial "wire", as a slow network would, for tests and benchmarks).
 """
 from __future__ import annotations
 
 import ctypes
 import itertools
 import logging
+import queue
 import threading
+import time
 
 import numpy as np
 from mxnet.base import _LIB, check_call
@@ -26,33 +32,82 @@ class _Context(ctypes.Structure):
     _fields_ = [("dev_type", ctypes.c_int), ("dev_id", ctypes.c_int)]
 
 
+class _OnComplete(ctypes.Structure):
+    """mxnet::engine::CallbackOnComplete (include/mxnet/engine.h): three pointers."""
+
+    _fields_ = [("callback", ctypes.c_void_p), ("engine", ctypes.c_void_p),
+                ("param", ctypes.c_void_p)]
+
+
 _SYNC_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
-_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_ASYNC_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+_COMPLETE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 _CPU = _Context(1, 0)
 _CPU_PRIORITIZED = ctypes.c_int(3)          # mxnet::FnProperty::kCPUPrioritized
 _jobs: dict[int, tuple] = {}
+_finished: list = []        # jobs that ran; dropped by the next push, never on an engine thread
 _ids = itertools.count(1)
 _lock = threading.Lock()
 
 
-def _run(_run_ctx, param) -> None:
-    job = _jobs.get(param)
+def _take(param):
+    """The job of ``param``; its arrays are released later on the Python thread that pushes."""
+    with _lock:
+        job = _jobs.pop(param, None)
+        if job is not None:
+            _finished.append(job)
+    return job
+
+
+def _run_sync(_rctx, param) -> None:
+    job = _take(param)
     if job is None:
         return
-    fn = job[0]
     try:
-        fn()
+        job[0]()
     except Exception:   # never let an exception cross into the engine's C++ thread
         log.exception("kvstore_ext: an engine operation failed")
 
 
-def _delete(param) -> None:
+def _run_async(_rctx, on_complete, param) -> None:
+    job = _take(param)
+    done = _OnComplete.from_address(on_complete)
+    handle = (done.callback, done.engine, done.param)   # the struct lives on the caller's stack
+    if job is None:
+        _complete(handle)
+        return
+    job[0](handle)
+
+
+def _complete(handle) -> None:
+    """Tell the engine an asynchronous operation has finished (from any thread)."""
+    callback, engine, param = handle
+    _COMPLETE(callback)(engine, param, None)
+
+
+_RUN_SYNC = _SYNC_FN(_run_sync)
+_RUN_ASYNC = _ASYNC_FN(_run_async)
+
+
+def _handles(arrays):
+    return (ctypes.c_void_p * max(1, len(arrays)))(*[a.handle for a in arrays])
+
+
+def _register(fn, arrays) -> int:
+    """Keep ``fn`` and its arrays alive until the engine has run it.
+
+    No deleter is given to the engine: it may call one from its own thread while
+    Python shuts down, which aborts the process. Nor are a job's arrays freed on
+    an engine thread (freeing an array pushes engine work): jobs that ran are
+    dropped here, on the caller's thread.
+    """
+    job_id = next(_ids)
     with _lock:
-        _jobs.pop(param, None)
-
-
-_RUN = _SYNC_FN(_run)
-_DELETE = _DELETER(_delete)
+        dropped = _finished[:]
+        del _finished[:]
+        _jobs[job_id] = (fn, list(arrays))
+    del dropped
+    return job_id
 
 
 def on_cpu(arrays) -> bool:
@@ -60,24 +115,75 @@ def on_cpu(arrays) -> bool:
 
 
 def push(fn, mutable, name: bytes = b"kvstore_ext") -> None:
-    """Run ``fn()`` in the engine once nothing else uses ``mutable``; readers of them wait for it.
-
-    The arrays are kept alive until the engine is done with the operation.
-    """
-    job_id = next(_ids)
-    with _lock:
-        _jobs[job_id] = (fn, list(mutable))
-    handles = (ctypes.c_void_p * len(mutable))(*[a.handle for a in mutable])
-    check_call(_LIB.MXEnginePushSyncND(_RUN, ctypes.c_void_p(job_id), _DELETE, ctypes.byref(_CPU),
-                                       None, 0, handles, len(mutable),
+    """Run ``fn()`` in the engine once nothing else uses ``mutable``; readers of them wait for it."""
+    job = _register(fn, mutable)
+    check_call(_LIB.MXEnginePushSyncND(_RUN_SYNC, ctypes.c_void_p(job), None, ctypes.byref(_CPU),
+                                       None, 0, _handles(mutable), len(mutable),
                                        ctypes.byref(_CPU_PRIORITIZED), 0, ctypes.c_char_p(name)))
 
 
-def write(array, value: np.ndarray) -> None:
-    """Copy ``value`` into a CPU NDArray's memory; only inside an engine op that writes ``array``."""
-    ptr = ctypes.c_void_p()
-    check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
-    src = np.ascontiguousarray(value, dtype=array.dtype)
-    if src.size != array.size:
-        raise ValueError(f"{src.size} values for an array of {array.size}")
-    ctypes.memmove(ptr, src.ctypes.data, src.nbytes)
+def probe(fn, arrays, name: bytes = b"kvx_probe") -> None:
+    """Run ``fn()`` in the engine once ``arrays`` are ready; it only reads them."""
+    job = _register(fn, arrays)
+    check_call(_LIB.MXEnginePushSyncND(_RUN_SYNC, ctypes.c_void_p(job), None, ctypes.byref(_CPU),
+                                       _handles(arrays), len(arrays), None, 0,
+                                       ctypes.byref(_CPU_PRIORITIZED), 0, ctypes.c_char_p(name)))
+
+
+class Destination:
+    """Where an engine operation writes an output array: its memory, located up front.
+
+    The address is taken on the calling thread, before the operation is pushed:
+    asking for it inside the operation would make MXNet convert an array held in
+    an MKL-DNN layout back to the default one, which waits for the engine, and
+    so for the very operation asking (a deadlock).
+    """
+
+    __slots__ = ("array", "pointer", "size", "dtype")
+
+    def __init__(self, array):
+        ptr = ctypes.c_void_p()
+        check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
+        self.array, self.pointer = array, ptr.value
+        self.size, self.dtype = array.size, np.dtype(array.dtype)
+
+    def write(self, value: np.ndarray) -> None:
+        """Copy ``value`` in; only inside an engine operation that lists the array as written."""
+        src = np.ascontiguousarray(value, dtype=self.dtype)
+        if src.size != self.size:
+            raise ValueError(f"{src.size} values for an array of {self.size}")
+        ctypes.memmove(self.pointer, src.ctypes.data, src.nbytes)
+
+
+class SimulatedLink:
+    """One serial wire: each array waits its time in the order it became ready.
+
+    ``hold(array, seconds)`` makes every later reader or writer of ``array`` wait
+    until the array has been ready and the wire free for ``seconds``; as with a
+    real network, transfers queue behind each other rather than run in parallel.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._serve, name="kvx-simulated-link", daemon=True)
+        self._thread.start()
+
+    def hold(self, array, seconds: float) -> None:
+        job = _register(lambda handle: self._queue.put((seconds, handle)), [array])
+        handles = _handles([array])
+        check_call(_LIB.MXEnginePushAsyncND(_RUN_ASYNC, ctypes.c_void_p(job), None,
+                                            ctypes.byref(_CPU), None, 0, handles, 1,
+                                            ctypes.byref(_CPU_PRIORITIZED), 0,
+                                            ctypes.c_char_p(b"kvx_simulated_link"),
+                                            ctypes.c_bool(False)))
+
+    def _serve(self) -> None:
+        free_at = 0.0
+        while True:
+            seconds, handle = self._queue.get()
+            start = max(time.perf_counter(), free_at)
+            free_at = start + seconds
+            delay = free_at - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            _complete(handle)

@@ -50,9 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-H", "--hostfile", type=str,
                    help="file with one host per line (host or host:ssh_port); workers and servers "
                         "are placed on them round-robin (ssh and mpi launchers)")
-    p.add_argument("--launcher", choices=["local", "ssh", "mpi"],
+    p.add_argument("--launcher", choices=["local", "ssh", "mpi", "horovod"],
                    help="how to start the processes: 'local' on this machine, 'ssh' on the hosts "
-                        "of --hostfile, 'mpi' with mpirun (default: ssh with a hostfile, else local)")
+                        "of --hostfile, 'mpi' with mpirun, 'horovod' workers only for dist_dcs3gd / "
+                        "dist_ssgd (Gloo; horovodrun with a hostfile) (default: ssh with a "
+                        "hostfile, else local)")
     p.add_argument("--sync-dst-dir", type=str,
                    help="(ssh) rsync the current directory to this directory on every host first")
     p.add_argument("--env-server", action="append", default=[],
@@ -79,6 +81,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between heartbeats to the scheduler (default 1)")
     p.add_argument("--heartbeat-timeout", type=float, default=10.0,
                    help="a node silent this long is declared dead (default 10 s)")
+    p.add_argument("--worker-speed", type=str, metavar="V0,V1,...",
+                   help="straggler emulation: the speed of each worker in (0, 1], e.g. 1.0,0.43 "
+                        "(a GTX 1080 Ti and a GTX 1060); a worker of speed v sleeps so that each "
+                        "iteration takes 1/v of its measured compute time. One value applies to "
+                        "all. The training script applies it (gluon_trainers.Straggler)")
+    p.add_argument("--speed-jitter", type=float, default=0.0,
+                   help="straggler emulation: each iteration's length varies uniformly by +- this "
+                        "fraction (default 0)")
+    p.add_argument("--speed-seed", type=int, default=0,
+                   help="seed of the jitter, so runs are reproducible (default 0)")
     p.add_argument("--metrics-dir", type=str,
                    help="each worker and server writes its metrics here as JSON at the end")
     p.add_argument("--timeout", type=float, default=0,
@@ -202,6 +214,18 @@ class Job:
         else:
             self.sched_host = address_towards(self.hosts[0][0])
         self.secret = secrets.token_hex(32)
+        self.straggler_env = {}
+        if args.worker_speed:
+            try:
+                speeds = cfg.parse_speeds(args.worker_speed, args.num_workers)
+            except ValueError as exc:
+                raise SystemExit(f"launch.py: --worker-speed: {exc}") from None
+            if not 0 <= args.speed_jitter < 1:
+                raise SystemExit(f"launch.py: --speed-jitter must be in [0, 1), got "
+                                 f"{args.speed_jitter}")
+            self.straggler_env = {cfg.WORKER_SPEED: ",".join(map(str, speeds)),
+                                  cfg.SPEED_JITTER: str(args.speed_jitter),
+                                  cfg.SPEED_SEED: str(args.speed_seed)}
         self.command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if not self.command:
             raise SystemExit("launch.py: give the command each worker runs")
@@ -254,6 +278,7 @@ class Job:
             nodes.append(self.place(f"server {j}", server_argv, env, self.hosts[j % len(self.hosts)]))
         for i in range(a.num_workers):
             env = self.base_env("worker")
+            env.update(self.straggler_env)
             if a.backend != "mxnet":
                 env[cfg.WORKER_RANK] = str(i)
             nodes.append(self.place(f"worker {i}", list(self.command), env,
@@ -392,6 +417,9 @@ class Job:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.launcher == "horovod":
+        from .horovod_launch import run as run_horovod
+        return run_horovod(args)
     return Job(args).run()
 
 

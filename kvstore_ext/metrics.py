@@ -41,6 +41,9 @@ class ServerMetrics:
         self.lead_at_ok: dict[int, Histogram] = {}
         self.errors = 0
         self.rejected_unauthenticated = 0
+        #: (key, block, policy) whose decisions are reported; set by the server on its first key
+        self.decision_log = None
+        self._wall_offset = time.time() - time.monotonic()   # policies see monotonic time
 
     def record_ok(self, worker: int, lead: int) -> None:
         self.lead_at_ok.setdefault(worker, Histogram()).add(lead)
@@ -61,7 +64,24 @@ class ServerMetrics:
             "staleness": {str(w): h.to_dict() for w, h in sorted(self.staleness.items())},
             "lead_at_ok": {str(w): h.to_dict() for w, h in sorted(self.lead_at_ok.items())},
             "max_lead_at_ok": {str(w): h.max for w, h in sorted(self.lead_at_ok.items())},
+            **self._decisions(),
         }
+
+    def _decisions(self) -> dict:
+        """The DSSP controller's decisions and bound changes (wall-clock times), if any."""
+        if self.decision_log is None or not hasattr(self.decision_log[2], "calls"):
+            return {}
+        key, block, policy = self.decision_log
+        wall = self._wall_offset
+        return {"dssp": {
+            "key": key, "block": block,
+            "staleness_lower": policy.lower, "staleness_upper": policy.upper,
+            "controller_calls": policy.controller_calls,
+            "calls": [{"time": c.time + wall, "worker": c.worker, "lead": c.lead,
+                       "extra": c.extra, "bound": c.bound, "ok": c.ok} for c in policy.calls],
+            "bound_changes": [{"time": t + wall, "worker": w, "bound": b}
+                              for t, w, b in policy.bound_changes],
+        }}
 
 
 class WorkerMetrics:

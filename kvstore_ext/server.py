@@ -314,9 +314,12 @@ class Server:
                 key, block, dtype, shape, size = item[0], item[1], item[2], tuple(item[3]), item[4]
                 if (key, block) not in self.slots:
                     value = array_from_buffer(buf, dtype, (size,))
-                    self.slots[(key, block)] = Slot(key, block, shape, dtype, value,
-                                                    make_policy(self.store_type, self.members,
-                                                                self.store_params))
+                    # all keys move together: the first key's policy logs the decisions
+                    policy = make_policy(self.store_type, self.members, self.store_params,
+                                         record=self.metrics.decision_log is None)
+                    if self.metrics.decision_log is None:
+                        self.metrics.decision_log = (key, block, policy)
+                    self.slots[(key, block)] = Slot(key, block, shape, dtype, value, policy)
         missing = {(i[0], i[1]) for i in items if (i[0], i[1]) not in self.slots}
         if missing:
             self.init_waiting.append((ident, header["seq"], missing))

@@ -22,6 +22,7 @@ from . import config as cfg
 from . import engine
 from .batching import Coalescer
 from .client import Connection, KVStoreError
+from .keys import as_list as _as_list, check_key as _check_key, pairs as _pairs
 from .metrics import WorkerMetrics, write_json
 from .partition import Partitioner
 
@@ -41,28 +42,8 @@ def _shared_connection(store: cfg.StoreConfig) -> Connection:
     return _connection
 
 
-def _as_list(x):
-    return list(x) if isinstance(x, (list, tuple)) else [x]
-
-
-def _pairs(key, value, what="value"):
-    """``[(key, value)]`` for a single key or the list form."""
-    if isinstance(key, (list, tuple)):
-        values = _as_list(value)
-        if len(values) != len(key):
-            raise ValueError(f"{len(key)} keys but {len(values)} {what}s")
-        return list(zip(key, values))
-    return [(key, value)]
-
-
-def _check_key(key):
-    if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer, str)):
-        raise TypeError(f"kvstore keys are int or str, got {key!r} ({type(key).__name__})")
-    return int(key) if isinstance(key, np.integer) else key
-
-
 class ParameterServerStore(KVStoreBase):
-    """Worker side shared by ``dist_bsp``, ``dist_asp`` and ``dist_ssp``."""
+    """Worker side shared by the parameter-server stores (``dist_bsp``, ``dist_ssp``, ...)."""
 
     store_type = ""
 
@@ -177,6 +158,8 @@ class ParameterServerStore(KVStoreBase):
         self._metrics.begin_call()
         if op != "pull":
             self._metrics.count_pushes(k for k, _ in pairs)
+        if in_engine:
+            targets = [(k, engine.Destination(o)) for k, o in targets]
         if in_engine and op == "pushpull" and len(pairs) == 1 and self._coalescer is not None:
             batch = self._coalescer.add(op, _check_key(pairs[0][0]), plan)
             engine.push(lambda: self._complete(targets, lambda: self._batch_values(batch)), arrays)
@@ -204,8 +187,8 @@ class ParameterServerStore(KVStoreBase):
         t0 = time.perf_counter()
         try:
             values = fetch_values()
-            for k, o in targets:
-                engine.write(o, values[k])
+            for k, destination in targets:
+                destination.write(values[k])
         except Exception as exc:
             self._deferred_error = exc
             log.error("kvstore_ext: %s", exc)
@@ -412,9 +395,14 @@ def _state_size(state) -> int:
     return state.size if isinstance(state, mx.nd.NDArray) else 0
 
 
+#: store type -> its KVStoreBase class (what ``kvstore_ext.create`` builds)
+STORE_CLASSES: dict[str, type] = {}
+
+
 def _make_store_class(store_type: str, doc: str):
     cls = type(f"Store_{store_type}", (ParameterServerStore,), {"store_type": store_type, "__doc__": doc})
     KVStoreBase.kv_registry[store_type] = cls
+    STORE_CLASSES[store_type] = cls
     return cls
 
 
@@ -448,5 +436,6 @@ _guard_native_create()
 DistBSP = _make_store_class("dist_bsp", "Bulk synchronous parallel: equals MXNet's dist_sync.")
 DistASP = _make_store_class("dist_asp", "Asynchronous parallel: equals MXNet's dist_async.")
 DistSSP = _make_store_class("dist_ssp", "Stale synchronous parallel with staleness bound s.")
+DistDSSP = _make_store_class("dist_dssp", "Dynamic stale synchronous parallel: a per-worker "
+                             "bound in [staleness_lower, staleness_upper].")
 
-STORE_CLASSES = {"dist_bsp": DistBSP, "dist_asp": DistASP, "dist_ssp": DistSSP}

@@ -73,6 +73,33 @@ def test_asp_lets_fast_workers_run_ahead_in_the_same_setup(run_job, tmp_path):
     assert max(leads[0], leads[1]) > 2, leads
 
 
+def test_dssp_extends_but_never_oks_above_s_upper(run_job, tmp_path):
+    """3 workers, one 5x slower (emulated by launch.py --worker-speed), s_L = 1, s_U = 4."""
+    metrics = str(tmp_path / "metrics")
+    out = str(tmp_path / "straggler-{rank}.json")
+    code, log = run_job(3, 1, [os.path.join(JOBS, "straggler.py"), "--kvstore", "dist_dssp",
+                               "--iters", "60", "--emulate", "--step-time", "0.005",
+                               "--out", out],
+                        "--kv-param", "staleness_lower=1", "--kv-param", "staleness_upper=4",
+                        "--worker-speed", "1.0,1.0,0.2", "--metrics-dir", metrics)
+    assert code == 0, log[-3000:]
+    server = read_json(os.path.join(metrics, "server-0.json"))
+    leads = server["lead_at_ok"]
+    all_leads = [int(lead) for hist in leads.values() for lead in hist]
+    assert max(all_leads) <= 4, leads
+    assert max(all_leads) > 1, leads                  # the extension was used
+    calls = server["dssp"]["calls"]
+    assert calls and all(c["bound"] <= 4 and c["lead"] > 1 for c in calls)
+    assert any(c["extra"] > 0 and c["ok"] for c in calls)
+    assert {c["worker"] for c in calls} <= {0, 1}     # only a fastest worker asks
+    # the emulated straggler: worker 2 slept about (1/0.2 - 1) = 4 times its compute
+    slow = read_json(out.replace("{rank}", "2"))["straggler"]
+    assert slow["speed"] == 0.2 and slow["iterations"] == 60
+    assert 3.5 <= slow["slept_s"] / slow["compute_time_s"] <= 4.5
+    fast = read_json(out.replace("{rank}", "0"))["straggler"]
+    assert fast["slept_s"] == 0
+
+
 def test_optimizer_states_save_and_load_in_mxnet_format(run_job, tmp_path):
     out = str(tmp_path / "states")
     code, log = run_job(2, 2, [os.path.join(JOBS, "optimizer_states.py"), out],

@@ -5,7 +5,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from conftest import ROOT, read_json
+from conftest import JOBS, ROOT, read_json
 
 TRAIN = os.path.join(ROOT, "scripts", "train_mnist.py")
 
@@ -42,7 +42,9 @@ def test_dist_bsp_equals_native_dist_sync(run_job, tmp_path):
 
 
 @pytest.mark.parametrize("kvstore,params", [("dist_bsp", []), ("dist_asp", []),
-                                            ("dist_ssp", ["--kv-param", "staleness=2"])])
+                                            ("dist_ssp", ["--kv-param", "staleness=2"]),
+                                            ("dist_dssp", ["--kv-param", "staleness_lower=1",
+                                                           "--kv-param", "staleness_upper=4"])])
 def test_stock_gluon_trainer_reaches_95_percent(run_job, tmp_path, kvstore, params):
     out = str(tmp_path / "result-{rank}.json")
     code, log = run_job(2, 1, [TRAIN, "--kvstore", kvstore, "--epochs", "3", "--out", out], *params)
@@ -52,3 +54,12 @@ def test_stock_gluon_trainer_reaches_95_percent(run_job, tmp_path, kvstore, para
         assert result["test_accuracy"] >= 0.95, result
         assert result["kvstore_stats"]["type"] == kvstore
         assert result["kvstore_stats"]["worker"]["iterations"] == result["steps"]
+
+
+@pytest.mark.parametrize("kvstore", ["dist_asp", "dist_bsp"])
+def test_inference_between_steps_does_not_stall_the_store(run_job, kvstore):
+    """Weights that MXNet keeps in an MKL-DNN layout still receive the pulled values."""
+    code, log = run_job(2, 1, [os.path.join(JOBS, "inference_between_steps.py"),
+                               "--kvstore", kvstore], timeout=120)
+    assert code == 0, log[-3000:]
+    assert log.count("steps done 12") == 2

@@ -18,7 +18,45 @@ def check_staleness(name: str, value) -> int:
     return value
 
 
-class SSPPolicy(SyncPolicy):
+class BoundedLeadPolicy(SyncPolicy):
+    """What SSP and DSSP share: pushes apply on arrival, a worker over its bound waits in a room.
+
+    Subclasses decide the bound in ``on_push``; a waiting worker is released when
+    slower workers' pushes raise the minimum clock to its threshold.
+    """
+
+    def __init__(self, workers):
+        super().__init__(workers)
+        self.room = WaitingRoom()
+
+    def accepts_now(self, worker: int) -> bool:
+        """A worker still waiting for OK is pushing ahead of its OK: hold that push back."""
+        return worker not in self.room
+
+    def remove_worker(self, worker: int, now: float) -> Decision:
+        decision = Decision()
+        if worker not in self.clocks:
+            return decision
+        self.clocks.remove(worker)
+        self.room.discard(worker)
+        self._forget(worker)
+        if len(self.clocks):
+            self._on_min_raised(now)
+            self._release_ready(decision)
+        return decision
+
+    def _forget(self, worker: int) -> None:
+        """Drop a departed worker's own state (none here)."""
+
+    def _on_min_raised(self, now: float) -> None:
+        """The minimum clock may have moved up (nothing to do here)."""
+
+    def _release_ready(self, decision: Decision) -> None:
+        for w in self.room.pop_ready(self.clocks.min):
+            decision.released.append((w, self.clocks.lead(w)))
+
+
+class SSPPolicy(BoundedLeadPolicy):
     """Apply every push on arrival; OK only while the pusher's lead is at most ``s``.
 
     A worker whose lead is above ``s`` waits until slower workers' pushes raise
@@ -31,11 +69,6 @@ class SSPPolicy(SyncPolicy):
     def __init__(self, workers, staleness: int):
         super().__init__(workers)
         self.staleness = check_staleness("staleness", staleness)
-        self.room = WaitingRoom()
-
-    def accepts_now(self, worker: int) -> bool:
-        """A worker still waiting for OK is pushing ahead of its OK: hold that push back."""
-        return worker not in self.room
 
     def on_push(self, worker: int, now: float) -> Decision:
         self._check_member(worker)
@@ -47,17 +80,3 @@ class SSPPolicy(SyncPolicy):
             self.room.add(worker, clock - self.staleness)
         self._release_ready(decision)
         return decision
-
-    def remove_worker(self, worker: int, now: float) -> Decision:
-        decision = Decision()
-        if worker not in self.clocks:
-            return decision
-        self.clocks.remove(worker)
-        self.room.discard(worker)
-        if len(self.clocks):
-            self._release_ready(decision)
-        return decision
-
-    def _release_ready(self, decision: Decision) -> None:
-        for w in self.room.pop_ready(self.clocks.min):
-            decision.released.append((w, self.clocks.lead(w)))

@@ -1,0 +1,33 @@
+"""Parameters of the Horovod stores (``dist_dcs3gd``, ``dist_ssgd``), checked without mxnet.
+
+Kept apart from ``horovod_store`` so that ``config.STORE_TYPES`` can list these
+types without importing mxnet or horovod (the scheduler and servers read it).
+"""
+from __future__ import annotations
+
+import math
+
+LAMBDA0_DEFAULT = 0.2
+
+
+def dcs3gd_params(params: dict) -> dict:
+    """``lambda0`` ≥ 0 (default 0.2): the delay compensation's strength (the paper's λ0)."""
+    raw = params.get("lambda0", LAMBDA0_DEFAULT)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"kvstore parameter 'lambda0' must be a number, got {raw!r}") from None
+    if isinstance(raw, bool) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"kvstore parameter 'lambda0' must be a finite number >= 0, got {raw!r}")
+    return {"lambda0": value}
+
+
+def no_params(params: dict) -> dict:
+    return {}
+
+
+#: store type -> (parameter names, validator), in the shape of ``config.STORE_TYPES``
+HOROVOD_STORE_TYPES = {
+    "dist_dcs3gd": (("lambda0",), dcs3gd_params),
+    "dist_ssgd": ((), no_params),
+}

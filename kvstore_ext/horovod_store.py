@@ -1,0 +1,432 @@
+"""Decentralised stores on Horovod (Gloo): ``dist_dcs3gd`` and its baseline ``dist_ssgd``.
+
+No scheduler and no servers: every worker holds the weights and runs MXNet's
+optimizer itself (``gluon.Trainer`` takes the update-on-kvstore path: it hands
+the optimizer over with ``set_optimizer`` and ``pushpull(key, grad, out=weight)``
+returns the new weight).  Workers are started by ``horovodrun --gloo`` or
+``scripts/launch.py --launcher horovod``.
+
+``dist_dcs3gd`` (DC-S3GD, Rigazzi 2019) allreduces each weight *update* without
+waiting for it: the sum started at step t is only needed at step t+1, after the
+next forward and backward pass, so communication hides behind computation.
+Every operation, Horovod's allreduce included, goes through MXNet's engine: a
+``pushpull`` returns at once, and the "wait" for the previous allreduce is a
+dependency inside the engine, never a block of the Python thread.
+
+``dist_ssgd`` allreduces the gradients and applies their *mean* (as Horovod's
+``DistributedTrainer`` and the paper's SSGD do), so that both stores take the
+same step for the same optimizer settings.  MXNet's ``dist_sync`` sums instead:
+multiply the learning rate by the number of workers to compare with it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+from mxnet.kvstore import KVStoreBase
+
+from . import config as cfg
+from .client import KVStoreError
+from .engine import SimulatedLink, probe
+from .horovod_params import HOROVOD_STORE_TYPES
+from .keys import as_list as _as_list, check_key as _check_key, pairs as _pairs
+from .metrics import WorkerMetrics, write_json
+from .overlap import OverlapMeter
+
+#: seconds of simulated communication per step (spread over the keys by size); tests, benches
+SIM_COMM_ENV = "KVX_SIM_COMM_S"
+#: measure the overlap on every n-th step (default 10); 0 turns the probes off
+PROBES_ENV = "KVX_HVD_PROBE_EVERY"
+
+_TINY = 1e-20   # λ0·‖g‖ / 1e-20 stays finite for any ‖g‖ below 1e18
+
+
+def delay_compensated(grad, d, lambda0: float):
+    """The corrected gradient g + λ·g⊙g⊙D, with λ = λ0·‖g‖ / ‖g⊙g⊙D‖ (0 if that norm is 0).
+
+    ``g⊙g⊙D`` is the pseudo-Hessian's first-order estimate of how the gradient
+    changes between this worker's weights and the average weights (D away).
+    The dynamic λ makes the correction λ0 times as long as the gradient, whatever
+    the scale of g and D.  A store sees one key at a time, so the norms are per
+    key (per layer).  NDArrays in and out; nothing waits in Python.
+    """
+    h = mx.nd.square(grad) * d
+    # 1-D dot products: MXNet's norm is about 30 times slower on CPU
+    gg = mx.nd.dot(grad.reshape((-1,)), grad.reshape((-1,)))
+    hh = mx.nd.dot(h.reshape((-1,)), h.reshape((-1,)))
+    # when ‖h‖ = 0, h is 0 and so is the correction: the clamp only avoids 0/0
+    lam = lambda0 * mx.nd.sqrt(gg) / mx.nd.maximum(mx.nd.sqrt(hh), _TINY)
+    return grad + mx.nd.broadcast_mul(h, lam.reshape((1,) * h.ndim))
+
+
+def _hvd():
+    import horovod.mxnet as hvd
+    if not hvd.is_initialized():
+        hvd.init()
+    return hvd
+
+
+class _Key:
+    """One parameter: the worker's weights and, for DC-S3GD, the update in flight."""
+
+    __slots__ = ("weight", "avg", "reduced", "step", "outs", "sim_s")
+
+    def __init__(self, weight):
+        self.weight = weight   # this worker's weights w_i
+        self.avg = None        # DC-S3GD: the workers' average w̄ as of the last allreduce
+        self.reduced = None    # the buffer Horovod reduces in place: Δw_i, then the mean of them
+        self.step = 0
+        self.outs = []
+        self.sim_s = 0.0
+
+
+class HorovodStore(KVStoreBase):
+    """What ``dist_dcs3gd`` and ``dist_ssgd`` share: keys, optimizer, metrics, job checks."""
+
+    store_type = ""
+    lag = 0
+
+    def __init__(self, **params):
+        env_params = cfg.params_from_env()
+        allowed = set(HOROVOD_STORE_TYPES[self.store_type][0])
+        merged = {k: v for k, v in env_params.items() if k in allowed}
+        merged.update(params)
+        config = cfg.StoreConfig.build(self.store_type, merged)
+        self._type, self._params = config.type, config.params
+        self._hvd = _hvd()
+        self._keys: dict = {}
+        self._updater = None
+        self._metrics = WorkerMetrics()
+        every = int(os.environ.get(PROBES_ENV, "10") or 0)
+        self._probes = every > 0
+        self._meter = OverlapMeter(self.lag, every or 1)
+        self._sim_comm_s = float(os.environ.get(SIM_COMM_ENV, "0") or 0)
+        self._link = None
+        if self._sim_comm_s > 0:
+            self._link = SimulatedLink()
+            # the link's thread must get the GIL back soon after each transfer's time is up
+            sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
+        self._check_agreement()
+
+    # -- what MXNet asks for ------------------------------------------------------------------
+    @property
+    def type(self) -> str:
+        return self._type
+
+    @property
+    def params(self) -> dict:
+        return dict(self._params)
+
+    @property
+    def rank(self) -> int:
+        return self._hvd.rank()
+
+    @property
+    def num_workers(self) -> int:
+        return self._hvd.size()
+
+    @staticmethod
+    def is_capable(capability):
+        if capability.lower() == KVStoreBase.OPTIMIZER:
+            return True
+        raise ValueError(f"Unknown capability: {capability}")
+
+    def describe(self) -> str:
+        inner = ", ".join(f"{k}={v}" for k, v in sorted(self._params.items()))
+        return f"{self._type}({inner})"
+
+    def _check_agreement(self) -> None:
+        """Every worker must run the same store with the same parameters (names both)."""
+        mine = self.describe()
+        values = self._allgather_text(mine, "kvx.config")
+        for rank, other in enumerate(values):
+            if other != mine:
+                raise ValueError(f"workers disagree on the kvstore: worker {self.rank} has {mine}, "
+                                 f"worker {rank} has {other}")
+
+    def _allgather_text(self, text: str, name: str) -> list[str]:
+        data = np.frombuffer(text.encode(), dtype=np.uint8)
+        sizes = self._hvd.allgather(mx.nd.array([len(data)], dtype="int32"), name=name + ".n")
+        sizes = sizes.asnumpy().tolist()
+        joined = self._hvd.allgather(mx.nd.array(data, dtype="uint8"), name=name).asnumpy()
+        offsets = np.cumsum([0] + sizes)
+        return [joined[offsets[i]:offsets[i + 1]].tobytes().decode() for i in range(len(sizes))]
+
+    # -- keys ---------------------------------------------------------------------------------
+    def init(self, key, value):
+        """Take worker 0's values for new keys (a broadcast); re-initialising is an error."""
+        for k, v in _pairs(key, value):
+            self._init_key(_check_key(k), _as_list(v)[0])
+
+    def _init_key(self, k, v, adopt=None) -> _Key:
+        known = self._keys.get(k)
+        if known is not None:
+            w = known.weight
+            if (tuple(w.shape), w.dtype) != (tuple(v.shape), v.dtype):
+                raise KVStoreError(f"key {k!r} is already initialised with shape {tuple(w.shape)} "
+                                   f"{np.dtype(w.dtype).name}; cannot initialise it again with shape "
+                                   f"{tuple(v.shape)} {np.dtype(v.dtype).name}")
+            return known
+        if adopt is not None:
+            # the caller's weight array becomes the store's (gluon's parameter): no copy per step
+            weight = adopt
+            if adopt is not v:
+                v.copyto(weight)
+        else:
+            weight = v.copyto(mx.cpu()) if v.context.device_type != "cpu" else v.copy()
+        if self.num_workers > 1:
+            self._hvd.broadcast_(weight, root_rank=0, name=f"kvx.init.{k}")
+        st = _Key(weight)
+        if self.lag:
+            st.avg = weight.copy()
+        self._keys[k] = st
+        self._spread_sim_comm()
+        return st
+
+    def _spread_sim_comm(self) -> None:
+        """Simulated communication per step, shared among the keys by size (as bytes on a wire)."""
+        total = sum(st.weight.size * np.dtype(st.weight.dtype).itemsize for st in self._keys.values())
+        for st in self._keys.values():
+            size = st.weight.size * np.dtype(st.weight.dtype).itemsize
+            st.sim_s = self._sim_comm_s * size / total if total else 0.0
+
+    def broadcast(self, key, value, out, priority=0):
+        """Initialise from worker 0 and write the weights into ``out``."""
+        for (k, v), (_, o) in zip(_pairs(key, value), _pairs(key, out, "out")):
+            k, v, outs = _check_key(k), _as_list(v)[0], _as_list(o)
+            adopt = outs[0] if outs and outs[0].context.device_type == "cpu" else None
+            if adopt is not None and (tuple(adopt.shape), adopt.dtype) != (tuple(v.shape), v.dtype):
+                raise KVStoreError(f"key {k!r}: out has shape {tuple(adopt.shape)}, but the value "
+                                   f"has shape {tuple(v.shape)}")
+            self._write_out(k, self._init_key(k, v, adopt), o)
+
+    def _state(self, k) -> _Key:
+        st = self._keys.get(k)
+        if st is None:
+            raise KVStoreError(f"key {k!r} has not been initialised on this kvstore "
+                               f"(call kv.init({k!r}, value) or kv.broadcast first)")
+        return st
+
+    def _gradient(self, k, st, value):
+        """The gradient summed over this worker's devices, checked against the key."""
+        arrays = _as_list(value)
+        w = st.weight
+        for a in arrays:
+            if tuple(a.shape) != tuple(w.shape):
+                raise KVStoreError(f"key {k!r}: pushed shape {tuple(a.shape)}, but the key was "
+                                   f"initialised with shape {tuple(w.shape)}")
+            if a.dtype != w.dtype:
+                raise KVStoreError(f"key {k!r}: pushed dtype {np.dtype(a.dtype).name}, but the key "
+                                   f"was initialised as {np.dtype(w.dtype).name}")
+        if len(arrays) == 1 and arrays[0].context == w.context:
+            return arrays[0]
+        total = arrays[0].as_in_context(w.context)
+        for a in arrays[1:]:
+            total = total + a.as_in_context(w.context)
+        return total
+
+    def _write_out(self, k, st, out) -> None:
+        outs = _as_list(out) if out is not None else []
+        self._check_out(k, st, outs)
+        for o in outs:
+            if o is not st.weight:
+                st.weight.copyto(o)
+        if outs:
+            st.outs = outs
+
+    # -- data plane ---------------------------------------------------------------------------
+    def pushpull(self, key, value, out=None, priority=0):
+        """Push this step's gradients, get the new weights in ``out``; returns at once."""
+        if self._updater is None:
+            raise KVStoreError(f"{self._type} updates the weights itself: call set_optimizer first "
+                               f"(gluon.Trainer does, with update_on_kvstore)")
+        outs = _pairs(key, out, "out") if out is not None else None
+        for i, (k, v) in enumerate(_pairs(key, value)):
+            k = _check_key(k)
+            st = self._state(k)
+            g = self._gradient(k, st, v)
+            if outs is not None:    # shapes checked before anything starts
+                self._check_out(k, st, _as_list(outs[i][1]))
+            step = st.step
+            self._metrics.count_pushes([k])
+            self._meter.pushed(step)
+            if self._probes and self._meter.measures_grad(step):
+                probe(lambda s=step: self._meter.grad_ready(s, time.perf_counter()), [g])
+            self._step(k, st, g, priority)
+            st.step += 1
+            if outs is not None:
+                self._write_out(k, st, outs[i][1])
+
+    @staticmethod
+    def _check_out(k, st, outs) -> None:
+        for o in outs:
+            if tuple(o.shape) != tuple(st.weight.shape):
+                raise KVStoreError(f"key {k!r}: out has shape {tuple(o.shape)}, but the key has "
+                                   f"shape {tuple(st.weight.shape)}")
+
+    def push(self, key, value, priority=0):
+        self.pushpull(key, value, out=None, priority=priority)
+
+    def pull(self, key, out=None, priority=0, ignore_sparse=True):
+        if out is None:
+            raise ValueError("pull needs out=")
+        for k, o in _pairs(key, out, "out"):
+            k = _check_key(k)
+            self._write_out(k, self._state(k), o)
+
+    def _allreduce(self, k, st, priority: int):
+        """Start the mean over workers of the key's buffer ``st.reduced``, in place.
+
+        It returns at once: Horovod's operation runs in MXNet's engine, and whatever
+        reads the buffer waits for it there (through the simulated link first, if
+        asked).  One buffer per key also keeps a key's allreduces in order (Horovod
+        refuses two in flight under one name).
+        """
+        r = st.step
+        measure = self._probes and self._meter.measures_round(r)
+        if measure:
+            probe(lambda: self._meter.started(r, time.perf_counter()), [st.reduced])
+        if self._link is not None and st.sim_s > 0:
+            self._link.hold(st.reduced, st.sim_s)
+        if self.num_workers > 1:
+            self._hvd.allreduce_(st.reduced, op=self._hvd.Average, name=f"kvx.{self._type}.{k}",
+                                 priority=priority)
+        if measure:
+            probe(lambda: self._meter.done(r, time.perf_counter()), [st.reduced])
+
+    def _step(self, k, st, g, priority) -> None:
+        raise NotImplementedError
+
+    # -- optimizer ----------------------------------------------------------------------------
+    def set_optimizer(self, optimizer):
+        """Keep MXNet's optimizer: this worker applies it (update on kvstore)."""
+        self._updater = mx.optimizer.get_updater(optimizer)
+
+    def save_optimizer_states(self, fname, dump_optimizer=False):
+        if self._updater is None:
+            raise KVStoreError("no optimizer set: call set_optimizer first")
+        with open(fname, "wb") as f:
+            f.write(self._updater.get_states(dump_optimizer))
+
+    def load_optimizer_states(self, fname):
+        if self._updater is None:
+            raise KVStoreError("no optimizer set: call set_optimizer first")
+        with open(fname, "rb") as f:
+            self._updater.set_states(f.read())
+
+    # -- job ----------------------------------------------------------------------------------
+    def barrier(self):
+        """Wait until every worker reaches this point."""
+        if self.num_workers > 1:
+            self._hvd.allreduce(mx.nd.zeros((1,)), name="kvx.barrier").wait_to_read()
+
+    def stats(self) -> dict:
+        """This worker's metrics: iterations, exposed allreduce wait, overlap achieved."""
+        mx.nd.waitall()   # every probe has run
+        worker = self._metrics.to_dict()
+        worker.update(self._meter.to_dict(worker["iterations"]))
+        worker["simulated_comm_s_per_step"] = self._sim_comm_s
+        return {"type": self.type, "params": self.params, "rank": self.rank,
+                "num_workers": self.num_workers, "worker": worker}
+
+    def save_metrics(self, path: str | None = None) -> str | None:
+        """Write :meth:`stats` as JSON (default: ``$KVX_METRICS_DIR/worker-<rank>.json``)."""
+        data = self.stats()
+        if path is None:
+            directory = os.environ.get(cfg.METRICS_DIR)
+            if not directory:
+                return None
+            return write_json(directory, f"worker-{self.rank}.json", data)
+        return write_json(os.path.dirname(os.path.abspath(path)), os.path.basename(path), data)
+
+    def close(self):
+        mx.nd.waitall()
+
+
+class DCS3GDStore(HorovodStore):
+    """DC-S3GD: non-blocking allreduce of weight updates with delay compensation."""
+
+    lag = 1
+
+    @property
+    def lambda0(self) -> float:
+        return self._params["lambda0"]
+
+    def _step(self, k, st, g, priority) -> None:
+        if st.reduced is not None:
+            st.avg += st.reduced                # w̄ += Δ/N, the mean of the workers' last updates
+            if self.lambda0 > 0:
+                # D = Δ/N − Δw = w̄ − w: from this worker's weights to the workers' average
+                g = delay_compensated(g, st.avg - st.weight, self.lambda0)
+        # w ← w + D + Δw is w̄ + Δw: U (MXNet's optimizer, in place) runs on the average weights.
+        # Keeping w̄ itself (the same bits on every worker) stops rounding drift between workers.
+        st.avg.copyto(st.weight)
+        self._updater(k, g, st.weight)
+        if st.reduced is None:
+            st.reduced = st.weight - st.avg
+        else:   # Δw = w − w̄ straight into the buffer the last mean was read from
+            mx.nd.elemwise_sub(st.weight, st.avg, out=st.reduced)
+        self._allreduce(k, st, priority)
+
+    def sync_weights(self) -> None:
+        """Move to the workers' average weights now (waits for the allreduce in flight).
+
+        Afterwards every worker holds the same weights, bit for bit; training may go
+        on from there.  Call it before evaluating or saving the model.
+        """
+        for st in self._keys.values():
+            if st.reduced is None:
+                continue
+            st.avg += st.reduced
+            st.reduced = None
+            st.avg.copyto(st.weight)
+            for o in st.outs:
+                if o is not st.weight:
+                    st.weight.copyto(o)
+        mx.nd.waitall()
+
+
+class SSGDStore(HorovodStore):
+    """Synchronous SGD: the mean of the gradients, then the optimizer, every step."""
+
+    lag = 0
+
+    def _step(self, k, st, g, priority) -> None:
+        if st.reduced is None:
+            st.reduced = g.copy()
+        else:
+            g.copyto(st.reduced)
+        self._allreduce(k, st, priority)
+        self._updater(k, st.reduced, st.weight)
+
+    def sync_weights(self) -> None:
+        """Nothing to do: the workers' weights are always the same."""
+        mx.nd.waitall()
+
+
+def _register(name: str, base: type, doc: str) -> type:
+    """A class named after the type, so that ``KVStoreBase.register`` files it under it."""
+    cls = type(name, (base,), {"store_type": name, "__doc__": doc,
+                               "__module__": __name__})
+    return KVStoreBase.register(cls)
+
+
+DistDCS3GD = _register("dist_dcs3gd", DCS3GDStore,
+                       "DC-S3GD on Horovod: overlapped allreduce of updates, delay-compensated.")
+DistSSGD = _register("dist_ssgd", SSGDStore,
+                     "Synchronous SGD on Horovod: blocking mean of gradients (the baseline).")
+
+STORE_CLASSES = {"dist_dcs3gd": DistDCS3GD, "dist_ssgd": DistSSGD}
+
+
+def create_store(name: str, **params):
+    """``create_store('dist_dcs3gd', lambda0=0.1)``; names a bad type or parameter."""
+    config = cfg.StoreConfig.build(name, params)
+    if config.type not in STORE_CLASSES:
+        raise ValueError(f"{config.type} is not a Horovod store (those are "
+                         f"{', '.join(sorted(STORE_CLASSES))})")
+    return STORE_CLASSES[config.type](**config.params)
+

@@ -1,0 +1,142 @@
+"""Dynamic stale synchronous parallel (DSSP): SSP whose bound adapts per worker in [s_L, s_U].
+
+The fastest worker, once its lead passes ``s_L``, asks a controller how many
+extra iterations ``r*`` to run before it waits: the one whose predicted push
+time lands closest to a predicted push of the slowest worker, so that the
+wait, when it comes, is short.  The extension is a lead bound
+``e[p] = s_L + r*`` capped at ``s_U`` and dropped once the worker is back within
+``s_L``, so no worker ever gets OK at a lead above ``s_U`` (the paper's
+Algorithm 1, read literally, can re-extend the fastest worker without end).
+"""
+from __future__ import annotations
+
+import bisect
+import heapq
+from dataclasses import dataclass
+
+from .base import Decision
+from .ssp import BoundedLeadPolicy, check_staleness
+
+
+def dssp_extra_iterations(p_latest, p_previous, slow_latest, slow_previous, r_max) -> int:
+    """The synchronisation controller (Algorithm 2): extra iterations r* in 0..r_max.
+
+    Worker p's next pushes are predicted at ``p_latest + r*I_p`` (r = 0..r_max),
+    the slowest worker's at ``slow_latest + (k+1)*I_s`` (k = 0..r_max), where
+    ``I`` is each one's latest push interval.  r* is the r whose prediction is
+    nearest to any of the slow worker's (ties: the smallest r).  With an
+    unknown interval (fewer than two pushes, given as None) the answer is 0.
+    """
+    r_max = check_staleness("r_max", r_max)
+    if None in (p_latest, p_previous, slow_latest, slow_previous) or r_max == 0:
+        return 0
+    interval_p = p_latest - p_previous
+    interval_s = slow_latest - slow_previous
+    slow_times = sorted(slow_latest + (k + 1) * interval_s for k in range(r_max + 1))
+    best_r, best_gap = 0, None
+    for r in range(r_max + 1):
+        t = p_latest + r * interval_p
+        i = bisect.bisect_left(slow_times, t)
+        gap = min(abs(slow_times[j] - t) for j in (i - 1, i) if 0 <= j < len(slow_times))
+        if best_gap is None or gap < best_gap:
+            best_r, best_gap = r, gap
+    return best_r
+
+
+@dataclass(frozen=True)
+class ControllerCall:
+    """One decision of the controller, kept for the metrics."""
+
+    time: float
+    worker: int
+    lead: int
+    extra: int   # r*
+    bound: int   # the lead bound it set, s_L + r*
+    ok: bool     # whether the push got OK at once
+
+
+class DSSPPolicy(BoundedLeadPolicy):
+    """Apply every push on arrival; OK while the lead is within the worker's current bound.
+
+    The bound is ``s_L`` or, for a worker holding an extension, ``e[p]``.  Finding
+    the slowest and fastest workers is O(1) (:class:`ClockTable`); releases and
+    extension drops are heap operations, O(log n) per push.
+    """
+
+    name = "dist_dssp"
+
+    def __init__(self, workers, staleness_lower: int, staleness_upper: int,
+                 record: bool = False):
+        super().__init__(workers)
+        self.lower = check_staleness("staleness_lower", staleness_lower)
+        self.upper = check_staleness("staleness_upper", staleness_upper)
+        if self.upper < self.lower:
+            raise ValueError(f"staleness_upper ({self.upper}) must be >= staleness_lower "
+                             f"({self.lower})")
+        self.push_times: dict[int, tuple[float | None, float | None]] = {
+            w: (None, None) for w in self.clocks.clock}
+        self.extension: dict[int, int] = {}   # worker -> lead bound e[p]
+        self._expiry: list[tuple[int, int]] = []   # (min clock that ends it, worker)
+        #: with ``record``: every controller decision, and every change of a worker's bound
+        #: as (time, worker, bound); a server records them for one key only
+        self.record = record
+        self.calls: list[ControllerCall] = []
+        self.bound_changes: list[tuple[float, int, int]] = []
+        self.controller_calls = 0
+
+    def bound(self, worker: int) -> int:
+        """The lead up to which ``worker`` gets OK now."""
+        return max(self.lower, self.extension.get(worker, self.lower))
+
+    def on_push(self, worker: int, now: float) -> Decision:
+        self._check_member(worker)
+        clock = self.clocks.tick(worker)
+        self.push_times[worker] = (now, self.push_times[worker][0])
+        decision = Decision(apply=True)
+        self._on_min_raised(now)
+        lead = self.clocks.lead(worker)
+        if lead > self.bound(worker) and clock == self.clocks.max:
+            self._call_controller(worker, lead, now)
+        if lead <= self.bound(worker):
+            decision.released.append((worker, lead))
+        else:
+            self.room.add(worker, clock - self.bound(worker))
+        self._release_ready(decision)
+        return decision
+
+    def _call_controller(self, worker: int, lead: int, now: float) -> None:
+        slow = self.clocks.slowest()
+        p_latest, p_previous = self.push_times[worker]
+        s_latest, s_previous = self.push_times[slow]
+        extra = dssp_extra_iterations(p_latest, p_previous, s_latest, s_previous,
+                                      self.upper - self.lower)
+        bound = self.lower + extra
+        if extra > 0:
+            if worker not in self.extension:
+                # one expiry entry per extended worker: the min clock that brings it within s_L
+                heapq.heappush(self._expiry, (self.clocks.clock[worker] - self.lower, worker))
+            self.extension[worker] = bound
+        else:
+            self.extension.pop(worker, None)
+        self.controller_calls += 1
+        if self.record:
+            self.calls.append(ControllerCall(now, worker, lead, extra, bound, lead <= bound))
+            self.bound_changes.append((now, worker, bound))
+
+    def _on_min_raised(self, now: float) -> None:
+        """Drop the extension of every worker whose lead is back within s_L (heap order)."""
+        while self._expiry and self._expiry[0][0] <= self.clocks.min:
+            _, worker = heapq.heappop(self._expiry)
+            if worker not in self.extension:
+                continue
+            lead = self.clocks.lead(worker)
+            if lead <= self.lower:
+                del self.extension[worker]
+                if self.record:
+                    self.bound_changes.append((now, worker, self.lower))
+            else:   # it pushed on since: check again when the minimum catches up
+                heapq.heappush(self._expiry, (self.clocks.clock[worker] - self.lower, worker))
+
+    def _forget(self, worker: int) -> None:
+        self.extension.pop(worker, None)
+        self.push_times.pop(worker, None)

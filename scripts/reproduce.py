@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""Run a paper's experiment from its config: every paradigm on every cluster, a table and plots.
+
+    python scripts/reproduce.py configs/dssp_mnist.yaml            # make reproduce
+    python scripts/reproduce.py configs/dssp_mnist.yaml --dry-run  # print the commands
+
+Each run is a local job through launch.py (with the cluster's worker speeds);
+runs are interleaved trial by trial so that drift of the machine hits every
+paradigm alike. Writes into --out (default results/<name>): runs.json (every
+run, with worker 0's accuracy curve), results.csv/.md (per cluster and
+paradigm: the median trial by final accuracy, its time to each target
+accuracy), accuracy_vs_time_<cluster>.png and, for DSSP runs,
+dssp_threshold_<cluster>.png.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..")
+sys.path.insert(0, ROOT)
+
+from tqdm import tqdm  # noqa: E402
+
+from kvstore_ext.experiments import ConfigError, load_experiment, summarise  # noqa: E402
+from kvstore_ext.launcher import run_local_job  # noqa: E402
+from kvstore_ext.results import write_results  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("config", help="an experiment YAML from configs/")
+    p.add_argument("--out", default=None, help="results folder (default: results/<config name>)")
+    p.add_argument("--trials", type=int, default=None, help="trials per paradigm (default: the config's)")
+    p.add_argument("--quick", action="store_true",
+                   help="apply the config's 'quick' arguments (a shorter run, for smoke tests)")
+    p.add_argument("--cluster", action="append", default=[],
+                   help="only this cluster of the config (repeatable)")
+    p.add_argument("--paradigm", action="append", default=[],
+                   help="only this paradigm, by its name in the config (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: rebuild the table and plots from the runs.json already in "
+                        "--out (for example after changing the config's targets)")
+    return p.parse_args(argv)
+
+
+def job_command(exp, paradigm, speeds, workdir, quick):
+    """The launch.py options and the worker command of one run."""
+    script = os.path.normpath(os.path.join(ROOT, exp.script))
+    options = [*paradigm.launch_options(), "--worker-speed", ",".join(map(str, speeds)),
+               "--metrics-dir", os.path.join(workdir, "metrics")]
+    command = [sys.executable, script, "--kvstore", paradigm.kvstore, *exp.script_args(quick),
+               "--out", os.path.join(workdir, "worker-{rank}.json")]
+    return options, command
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def collect(workdir, exp, trial, cluster, paradigm, seconds) -> dict:
+    """One run's record: worker 0's curve, every worker's iterations, the DSSP log."""
+    workers = [read_json(os.path.join(workdir, f"worker-{r}.json")) for r in range(exp.workers)]
+    w0 = workers[0]
+    dssp = None
+    for path in sorted(glob.glob(os.path.join(workdir, "metrics", "server-*.json"))):
+        server = read_json(path)
+        if "dssp" in server:
+            dssp = server["dssp"]
+            break
+    waits = [w.get("kvstore_stats", {}).get("worker", {}).get("wait_share") for w in workers]
+    waits = [x for x in waits if x is not None]
+    return {"trial": trial, "cluster": cluster, "paradigm": paradigm.name,
+            "kvstore": paradigm.kvstore, "params": paradigm.params,
+            "speeds": exp.clusters[cluster], "job_seconds": seconds,
+            "final_accuracy": w0["test_accuracy"], "train_time_s": w0["train_time_s"],
+            "train_start_wall": w0.get("train_start_wall"),
+            "iterations": [w["steps"] for w in workers],
+            "wait_share": sum(waits) / len(waits) if waits else None,
+            "curve": w0["accuracy_curve"], "dssp": dssp}
+
+
+def plot_accuracy(runs, rows, cluster, path, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for row in rows:
+        if row["cluster"] != cluster:
+            continue
+        run = next(r for r in runs if r["cluster"] == cluster and r["paradigm"] == row["paradigm"]
+                   and r["trial"] == row["median_trial"])
+        ax.plot([p["time_s"] for p in run["curve"]], [p["test_accuracy"] for p in run["curve"]],
+                marker=".", label=row["paradigm"])
+    ax.set_xlabel("training time (s, evaluation excluded)")
+    ax.set_ylabel("test accuracy (worker 0)")
+    ax.set_title(title)
+    lows = [p["test_accuracy"] for r in runs if r["cluster"] == cluster for p in r["curve"]]
+    if lows:
+        ax.set_ylim(max(0.0, sorted(lows)[len(lows) // 10] - 0.02), 1.0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_thresholds(runs, rows, cluster, path, title) -> bool:
+    """Each worker's DSSP lead bound over time (the median DSSP trial); False if no DSSP run."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    chosen = [next(r for r in runs if r["cluster"] == cluster and r["paradigm"] == row["paradigm"]
+                   and r["trial"] == row["median_trial"])
+              for row in rows if row["cluster"] == cluster]
+    chosen = [r for r in chosen if r.get("dssp")]
+    if not chosen:
+        return False
+    fig, axes = plt.subplots(len(chosen), 1, figsize=(7, 3.2 * len(chosen)), squeeze=False)
+    for ax, run in zip(axes[:, 0], chosen):
+        log = run["dssp"]
+        start = run["train_start_wall"] or (log["bound_changes"][0]["time"]
+                                            if log["bound_changes"] else 0.0)
+        end = start + run["train_time_s"]
+        for worker in range(len(run["speeds"])):
+            changes = [c for c in log["bound_changes"] if c["worker"] == worker]
+            xs, ys = [0.0], [log["staleness_lower"]]
+            for c in changes:
+                xs.append(c["time"] - start)
+                ys.append(c["bound"])
+            xs.append(max(xs[-1], end - start))
+            ys.append(ys[-1])
+            line, = ax.step(xs, ys, where="post",
+                            label=f"worker {worker} (speed {run['speeds'][worker]})")
+            calls = [c for c in log["calls"] if c["worker"] == worker]
+            if calls:
+                ax.scatter([c["time"] - start for c in calls], [c["lead"] for c in calls], s=10,
+                           color=line.get_color(), marker="x",
+                           label=f"worker {worker}: lead at a controller call")
+        ax.axhline(log["staleness_upper"], color="grey", ls="--", lw=0.8, label="s_U")
+        ax.axhline(log["staleness_lower"], color="grey", ls=":", lw=0.8, label="s_L")
+        ax.set_ylabel("lead bound (threshold)")
+        ax.set_title(f"{title}: {run['paradigm']}, {log['controller_calls']} controller calls")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("time since training started (s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def table_columns(exp):
+    cols = [("cluster", "cluster", "{}"), ("paradigm", "paradigm", "{}"),
+            ("final acc (median trial)", "final_accuracy", "{:.4f}")]
+    for t in exp.targets:
+        cols.append((f"time to {t} (s)", f"time_to_{t}", "{}"))
+        cols.append((f"vs BSP @{t}", f"vs_bsp_{t}", "{}"))
+    cols += [("trials reaching " + str(exp.targets[-1]) if exp.targets else "trials",
+              f"reached_{exp.targets[-1]}" if exp.targets else "trials", "{}"),
+             ("iterations per worker", "iterations_text", "{}"),
+             ("training time (s)", "train_time_s", "{:.1f}")]
+    return cols
+
+
+def decorate(rows, exp):
+    """Ratios to BSP and printable cells."""
+    for row in rows:
+        bsp = next((r for r in rows if r["cluster"] == row["cluster"] and r["paradigm"] == "BSP"),
+                   None)
+        for t in exp.targets:
+            mine = row[f"time_to_{t}"]
+            base = bsp[f"time_to_{t}"] if bsp else None
+            row[f"vs_bsp_{t}"] = (f"{mine / base:.2f}x" if mine is not None and base else "-")
+            row[f"time_to_{t}"] = round(mine, 1) if mine is not None else "not reached"
+        row["iterations_text"] = "/".join(str(i) for i in row["iterations"] or [])
+    return rows
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        exp = load_experiment(args.config)
+    except (ConfigError, OSError) as exc:
+        print(f"reproduce.py: {exc}", file=sys.stderr)
+        return 2
+    clusters = args.cluster or list(exp.clusters)
+    unknown = [c for c in clusters if c not in exp.clusters]
+    if unknown:
+        print(f"reproduce.py: no cluster {unknown[0]!r} in {args.config} "
+              f"(it has {', '.join(exp.clusters)})", file=sys.stderr)
+        return 2
+    names = [p.name for p in exp.paradigms]
+    if any(n not in names for n in args.paradigm):
+        bad = next(n for n in args.paradigm if n not in names)
+        print(f"reproduce.py: no paradigm {bad!r} in {args.config} (it has {', '.join(names)})",
+              file=sys.stderr)
+        return 2
+    plan = [(t, c, p) for t, c, p in exp.runs(args.trials)
+            if c in clusters and (not args.paradigm or p.name in args.paradigm)]
+    out = args.out or os.path.join("results", exp.name)
+
+    if args.dry_run:
+        for trial, cluster, paradigm in plan:
+            options, command = job_command(exp, paradigm, exp.clusters[cluster],
+                                           f"<tmp>/{trial}-{cluster}-{paradigm.name}", args.quick)
+            launch = [sys.executable, os.path.join(HERE, "launch.py"), "-n", str(exp.workers),
+                      "-s", str(exp.servers), "--launcher", "local", *options, *command]
+            print(f"# trial {trial}, cluster {cluster}, {paradigm.name}")
+            print(shlex.join(launch))
+        return 0
+
+    os.makedirs(out, exist_ok=True)
+    runs = []
+    if args.report_only:
+        runs = [r for r in read_json(os.path.join(out, "runs.json"))["runs"]
+                if r["cluster"] in clusters]
+        plan = []
+    bar = tqdm(plan, desc=exp.name, unit="run", disable=not plan)
+    for trial, cluster, paradigm in bar:
+        bar.set_postfix_str(f"trial {trial} {cluster} {paradigm.name}")
+        with tempfile.TemporaryDirectory() as workdir:
+            options, command = job_command(exp, paradigm, exp.clusters[cluster], workdir, args.quick)
+            t0 = time.perf_counter()
+            run_local_job(exp.workers, exp.servers, command, options=options,
+                          timeout=exp.timeout)
+            runs.append(collect(workdir, exp, trial, cluster, paradigm, time.perf_counter() - t0))
+        with open(os.path.join(out, "runs.json"), "w") as f:
+            json.dump({"config": exp.path, "command": " ".join(sys.argv), "runs": runs}, f)
+        last = runs[-1]
+        tqdm.write(f"trial {trial} {cluster:<12} {paradigm.name:<12} final accuracy "
+                   f"{last['final_accuracy']:.4f}, training {last['train_time_s']:.1f} s, "
+                   f"iterations {last['iterations']}")
+
+    rows = decorate(summarise(runs, exp.targets), exp)
+    table = write_results(out, "results", rows, table_columns(exp))
+    figures = []
+    for cluster in clusters:
+        title = f"{exp.name}: {cluster} cluster, speeds {exp.clusters[cluster]}"
+        path = os.path.join(out, f"accuracy_vs_time_{cluster}.png")
+        plot_accuracy(runs, rows, cluster, path, title)
+        figures.append(path)
+        path = os.path.join(out, f"dssp_threshold_{cluster}.png")
+        if plot_thresholds(runs, rows, cluster, path, cluster):
+            figures.append(path)
+    print()
+    print(table)
+    print(f"\nresults in {os.path.abspath(out)}: results.md, results.csv, runs.json, "
+          + ", ".join(os.path.basename(f) for f in figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Experiment configs: every file in configs/ loads and dry-runs; bad ones name the key;
+the time-to-accuracy reduction; and one short real run of reproduce.py end to end."""
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, read_json
+from kvstore_ext.experiments import (ConfigError, load_experiment, median_run, summarise,
+                                     time_to_accuracy)
+
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
+REPRODUCE = os.path.join(ROOT, "scripts", "reproduce.py")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+def test_every_config_loads_and_dry_runs(path):
+    exp = load_experiment(path)
+    assert exp.paradigms and exp.clusters
+    proc = subprocess.run([sys.executable, REPRODUCE, path, "--dry-run"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    commands = [line for line in proc.stdout.splitlines() if not line.startswith("#")]
+    assert len(commands) == exp.trials * len(exp.clusters) * len(exp.paradigms)
+    assert all("launch.py" in c and "--worker-speed" in c for c in commands)
+
+
+def write(tmp_path, text):
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+GOOD = """
+name: t
+script: scripts/train_mnist.py
+workers: 2
+clusters: {mixed: [1.0, 0.43]}
+targets: [0.9]
+paradigms:
+  - {name: BSP, kvstore: dist_bsp}
+  - {name: DSSP, kvstore: dist_dssp, params: {staleness_lower: 1, staleness_upper: 4}}
+"""
+
+
+@pytest.mark.parametrize("change,match", [
+    (("targets: [0.9]", "targets: [0.9]\nepochz: 3"), "unknown key 'epochz'"),
+    (("{name: BSP, kvstore: dist_bsp}", "{name: BSP, kvstore: dist_bsp, stalness: 2}"),
+     r"paradigms\[0\]: unknown key 'stalness'"),
+    (("staleness_upper: 4", "staleness_upper: 0"), "staleness_upper must be >= staleness_lower"),
+    (("dist_bsp", "dist_nope"), "unknown kvstore 'dist_nope'"),
+    (("[1.0, 0.43]", "[1.0, 0.43, 1.0]"), "clusters.mixed: 3 worker speeds"),
+    (("[1.0, 0.43]", "[1.0, 0]"), r"clusters.mixed: worker speed 0.0 must be in \(0, 1\]"),
+    (("targets: [0.9]", "targets: [90]"), "targets must be a list of accuracies"),
+    (("workers: 2", "workers: zero"), "workers must be an integer"),
+    (("name: BSP, kvstore: dist_bsp", "name: DSSP, kvstore: dist_bsp"), "'DSSP' is used twice"),
+])
+def test_bad_configs_name_the_key(tmp_path, change, match):
+    old, new = change
+    assert old in GOOD
+    with pytest.raises(ConfigError, match=match):
+        load_experiment(write(tmp_path, GOOD.replace(old, new, 1)))
+
+
+def test_bad_config_fails_the_script_cleanly(tmp_path):
+    path = write(tmp_path, GOOD.replace("targets: [0.9]", "targets: [0.9]\nepochz: 3"))
+    proc = subprocess.run([sys.executable, REPRODUCE, path, "--dry-run"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "epochz" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_time_to_accuracy_and_median_trial():
+    curve = [{"time_s": 1.0, "test_accuracy": 0.5}, {"time_s": 2.0, "test_accuracy": 0.91},
+             {"time_s": 3.0, "test_accuracy": 0.89}, {"time_s": 4.0, "test_accuracy": 0.95}]
+    assert time_to_accuracy(curve, 0.9) == 2.0 and time_to_accuracy(curve, 0.99) is None
+    runs = [{"trial": t, "cluster": "c", "paradigm": "P", "final_accuracy": a, "curve": curve,
+             "train_time_s": 4.0} for t, a in enumerate([0.97, 0.93, 0.95])]
+    assert median_run(runs)["trial"] == 2
+    row = summarise(runs, [0.9, 0.99])[0]
+    assert row["median_trial"] == 2 and row["time_to_0.9"] == 2.0
+    assert row["time_to_0.99"] is None and row["reached_0.99"] == "0/3"
+
+
+def test_demo_quick_runs_end_to_end_and_prints_its_table(tmp_path):
+    """make demo in its short form: four paradigms on the mixed pair, the table and both plots."""
+    out = str(tmp_path / "demo")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "demo.py"), "--quick",
+                           "--out", out], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for name in ("results.md", "results.csv", "runs.json", "accuracy_vs_time_mixed.png",
+                 "dssp_threshold_mixed.png"):
+        assert os.path.getsize(os.path.join(out, name)) > 0, name
+    # the printed table: one row per paradigm, with the accuracy and the iterations per worker
+    rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines()
+            if line.startswith("| mixed |")]
+    assert [r[1].strip() for r in rows] == ["BSP", "ASP", "SSP s=3", "DSSP 3..15"]
+    for r in rows:
+        assert 0.1 <= float(r[2]) <= 1.0
+    runs = read_json(os.path.join(out, "runs.json"))["runs"]
+    by_name = {r["paradigm"]: r for r in runs}
+    bsp, asp = by_name["BSP"], by_name["ASP"]
+    assert abs(bsp["iterations"][0] - bsp["iterations"][1]) <= 1       # BSP: in lock step
+    assert asp["iterations"][0] > 1.3 * asp["iterations"][1]           # ASP: the fast one runs on
+    assert by_name["DSSP 3..15"]["dssp"]["controller_calls"] > 0
+    assert len(bsp["curve"]) >= 2

@@ -1,0 +1,80 @@
+"""Straggler emulation: the stretch, its jitter and seed, and how a job is told the speeds."""
+import pytest
+
+from kvstore_ext import config as cfg
+from kvstore_ext.launcher import Job, build_parser
+from gluon_trainers.straggler import Straggler
+
+
+def fake(speed, jitter=0.0, seed=0):
+    slept = []
+    return Straggler(speed, jitter, seed, sleep=slept.append, wait_all=lambda: None), slept
+
+
+def test_a_slow_worker_sleeps_in_proportion_to_its_compute():
+    s, slept = fake(0.43)
+    assert s.stretch(0.1) == pytest.approx(0.1 * (1 / 0.43 - 1))
+    assert s.stretch(0.2) == pytest.approx(0.2 * (1 / 0.43 - 1))
+    assert sum(slept) == pytest.approx(s.slept)
+
+
+def test_a_full_speed_worker_never_sleeps():
+    s, slept = fake(1.0)
+    assert s.stretch(0.5) == 0 and slept == [] and not s.active
+
+
+def test_jitter_is_reproducible_by_seed_and_bounded():
+    a, _ = fake(0.5, jitter=0.2, seed=7)
+    b, _ = fake(0.5, jitter=0.2, seed=7)
+    c, _ = fake(0.5, jitter=0.2, seed=8)
+    xs = [a.stretch(0.1) for _ in range(50)]
+    assert xs == [b.stretch(0.1) for _ in range(50)]
+    assert xs != [c.stretch(0.1) for _ in range(50)]
+    # iteration = 0.1 + extra = 0.2 * (1 +- 0.2)
+    assert all(0.16 - 1e-9 <= 0.1 + x <= 0.24 + 1e-9 for x in xs)
+    assert max(xs) - min(xs) > 0.02
+
+
+def test_begin_end_measure_the_compute_between_them():
+    s, _ = fake(0.5)
+    s.begin()
+    extra = s.end()
+    assert s.iterations == 1 and extra == pytest.approx(s.compute_time)
+    with pytest.raises(RuntimeError, match="begin"):
+        s.end()
+
+
+def test_speeds_come_from_the_job_environment(monkeypatch):
+    monkeypatch.setenv(cfg.WORKER_SPEED, "1.0,0.43")
+    monkeypatch.setenv(cfg.SPEED_JITTER, "0.1")
+    monkeypatch.setenv(cfg.SPEED_SEED, "3")
+    assert Straggler.from_env(1, 2).speed == 0.43 and Straggler.from_env(0, 2).speed == 1.0
+    assert Straggler.from_env(1, 2).jitter == 0.1
+    monkeypatch.setenv(cfg.WORKER_SPEED, "0.5")
+    assert Straggler.from_env(3, 4).speed == 0.5   # one value for all
+    monkeypatch.delenv(cfg.WORKER_SPEED)
+    assert Straggler.from_env(0).speed == 1.0
+
+
+@pytest.mark.parametrize("text,match", [("1.0,x", "'x' is not a number"), ("0", r"in \(0, 1\]"),
+                                        ("1.5", r"in \(0, 1\]"), ("1,1,1", "3 worker speeds")])
+def test_bad_speeds_name_the_value(text, match):
+    with pytest.raises(ValueError, match=match):
+        cfg.parse_speeds(text, 2)
+
+
+def test_launcher_passes_speeds_to_workers_only():
+    args = build_parser().parse_args(["-n", "2", "-s", "1", "--worker-speed", "1.0,0.43",
+                                      "--speed-jitter", "0.1", "--speed-seed", "5", "python", "x.py"])
+    nodes = Job(args).plan(1234)
+    workers = [n for n in nodes if n.name.startswith("worker")]
+    servers = [n for n in nodes if n.name.startswith("server")]
+    assert all(n.env[cfg.WORKER_SPEED] == "1.0,0.43" and n.env[cfg.SPEED_SEED] == "5"
+               for n in workers)
+    assert all(cfg.WORKER_SPEED not in n.env for n in servers)
+
+
+def test_launcher_refuses_bad_speeds():
+    args = build_parser().parse_args(["-n", "2", "--worker-speed", "1.0,2", "python", "x.py"])
+    with pytest.raises(SystemExit, match="--worker-speed"):
+        Job(args)

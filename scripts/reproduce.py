@@ -103,7 +103,7 @@ def plot_accuracy(runs, rows, cluster, path, title):
                    and r["trial"] == row["median_trial"])
         ax.plot([p["time_s"] for p in run["curve"]], [p["test_accuracy"] for p in run["curve"]],
                 marker=".", label=row["paradigm"])
-    ax.set_xlabel("training time (s, evaluation excluded)")
+    ax.set_xlabel("training time (s)")
     ax.set_ylabel("test accuracy (worker 0)")
     ax.set_title(title)
     lows = [p["test_accuracy"] for r in runs if r["cluster"] == cluster for p in r["curve"]]
@@ -147,7 +147,7 @@ def plot_thresholds(runs, rows, cluster, path, title) -> bool:
             if calls:
                 ax.scatter([c["time"] - start for c in calls], [c["lead"] for c in calls], s=10,
                            color=line.get_color(), marker="x",
-                           label=f"worker {worker}: lead at a controller call")
+                           label=f"worker {worker}: its lead when it asked the controller")
         ax.axhline(log["staleness_upper"], color="grey", ls="--", lw=0.8, label="s_U")
         ax.axhline(log["staleness_lower"], color="grey", ls=":", lw=0.8, label="s_L")
         ax.set_ylabel("lead bound (threshold)")

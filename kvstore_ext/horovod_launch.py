@@ -80,7 +80,7 @@ class HorovodJob(Job):
                if not k.startswith(("DMLC_", "HOROVOD_")) and k not in cfg.IDENTITY_VARIABLES}
         env.update(parse_env_pairs(a.env))
         env.update(parse_env_pairs(a.env_worker))
-        env.update(getattr(self, "straggler_env", {}))   # --worker-speed, when the launcher has it
+        env.update(self.straggler_env)   # --worker-speed
         if a.kv_param:
             env[cfg.STORE_PARAMS] = json.dumps(parse_kv_params(a.kv_param))
         if a.metrics_dir:

@@ -28,7 +28,7 @@ import kvstore_ext  # noqa: E402  (registers dist_dcs3gd, dist_ssgd)
 from kvstore_ext.engine import SimulatedLink  # noqa: E402
 from gluon_trainers.data import load_mnist, shard  # noqa: E402
 from gluon_trainers.models import lenet  # noqa: E402
-from gluon_trainers.results import finish_run  # noqa: E402
+from gluon_trainers.results import evaluate, finish_run  # noqa: E402
 from gluon_trainers.schedules import WD_FACTOR, WarmupLinearDecay, no_weight_decay_on_bn_and_bias  # noqa: E402
 
 IMAGENET_FILES = ("train.rec", "val.rec")
@@ -128,14 +128,6 @@ def make_kvstore(args):
     params = {"lambda0": args.lambda0} if args.lambda0 is not None and args.kvstore == "dist_dcs3gd" else {}
     kv = kvstore_ext.create(args.kvstore, **params)
     return kv, kv.rank, kv.num_workers
-
-
-def evaluate(net, x, y, batch_size=500) -> float:
-    correct = 0
-    for i in range(0, len(x), batch_size):
-        out = net(mx.nd.array(x[i:i + batch_size]))
-        correct += int((out.argmax(axis=1).asnumpy() == y[i:i + batch_size]).sum())
-    return correct / len(x)
 
 
 def main(argv=None) -> int:

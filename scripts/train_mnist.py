@@ -27,7 +27,7 @@ import kvstore_ext  # noqa: E402,F401  (registers the kvstore_ext stores)
 import gluon_trainers  # noqa: E402
 from gluon_trainers.data import load_mnist, shard  # noqa: E402
 from gluon_trainers.models import MODELS  # noqa: E402
-from gluon_trainers.results import finish_run  # noqa: E402
+from gluon_trainers.results import evaluate, finish_run  # noqa: E402
 from gluon_trainers.straggler import Straggler  # noqa: E402
 
 
@@ -67,14 +67,6 @@ def parse_args(argv=None):
     p.add_argument("--save-params", default=None,
                    help="save the final weights here ({rank} is replaced by the rank)")
     return p.parse_args(argv)
-
-
-def evaluate(net, x, y, batch_size=500) -> float:
-    correct = 0
-    for i in range(0, len(x), batch_size):
-        out = net(mx.nd.array(x[i:i + batch_size]))
-        correct += int((out.argmax(axis=1).asnumpy() == y[i:i + batch_size]).sum())
-    return correct / len(x)
 
 
 def main(argv=None) -> int:

@@ -89,8 +89,9 @@ def load_experiment(path: str) -> Experiment:
     where = os.path.basename(path)
     _need(isinstance(raw, dict), where, "must be a mapping of keys to values")
     unknown = sorted(set(raw) - TOP_KEYS)
-    _need(not unknown, where, f"unknown key {unknown[0]!r} (known: {', '.join(sorted(TOP_KEYS))})"
-          if unknown else "")
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} "
+                          f"(known: {', '.join(sorted(TOP_KEYS))})")
     for key in ("name", "script", "paradigms"):
         _need(key in raw, where, f"missing key {key!r}")
     workers, servers = raw.get("workers", 2), raw.get("servers", 1)
@@ -150,7 +151,8 @@ def load_experiment(path: str) -> Experiment:
         paradigms.append(Paradigm(str(entry.get("name", kvstore)), kvstore, params, backend))
     names = [p.name for p in paradigms]
     dup = sorted({n for n in names if names.count(n) > 1})
-    _need(not dup, where, f"paradigm name {dup[0]!r} is used twice" if dup else "")
+    if dup:
+        raise ConfigError(f"{where}: paradigm name {dup[0]!r} is used twice")
 
     return Experiment(name=str(raw["name"]), script=str(raw["script"]), args=args,
                       workers=workers, servers=servers, clusters=clusters, trials=trials,

@@ -84,7 +84,7 @@ def collect(workdir, exp, trial, cluster, paradigm, seconds) -> dict:
     return {"trial": trial, "cluster": cluster, "paradigm": paradigm.name,
             "kvstore": paradigm.kvstore, "params": paradigm.params,
             "speeds": exp.clusters[cluster], "job_seconds": seconds,
-            "final_accuracy": w0["test_accuracy"], "train_time_s": w0["train_time_s"],
+            "final_accuracy": w0["test_accuracy"], "train_time_s": w0["wall_time_s"],
             "train_start_wall": w0.get("train_start_wall"),
             "iterations": [w["steps"] for w in workers],
             "wait_share": sum(waits) / len(waits) if waits else None,

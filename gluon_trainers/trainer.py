@@ -28,3 +28,19 @@ class Trainer(gluon.Trainer):
             outs.append(param.list_data() if self._update_on_kvstore else grad_list)
         if keys:
             self._kvstore.pushpull(keys, grads, out=outs)
+
+
+def start_together(kv) -> None:
+    """Wait until every worker of the job is here, so that clocks started next agree.
+
+    A worker that imports faster would otherwise start its ``--max-time`` clock seconds before
+    the others; under a synchronous store it then stops early and leaves the last one training
+    alone.  Our stores and Horovod's expose ``barrier()``, MXNet's own ``_barrier()``; a local
+    store has nothing to wait for.
+    """
+    if kv is None or getattr(kv, "num_workers", 1) <= 1:
+        return
+    if hasattr(kv, "barrier"):
+        kv.barrier()
+    elif hasattr(kv, "_barrier"):
+        kv._barrier()

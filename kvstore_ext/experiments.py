@@ -196,4 +196,11 @@ def summarise(runs: list[dict], targets: list[float]) -> list[dict]:
             row[f"reached_{target}"] = f"{len(reached)}/{len(group)}"
             row[f"median_time_to_{target}"] = statistics.median(reached) if reached else None
         rows.append(row)
+    for row in rows:  # ratios to BSP in the same cluster; None where either did not reach
+        bsp = next((r for r in rows if r["cluster"] == row["cluster"] and r["paradigm"] == "BSP"),
+                   None)
+        for target in targets:
+            mine = row[f"time_to_{target}"]
+            base = bsp[f"time_to_{target}"] if bsp else None
+            row[f"vs_bsp_{target}"] = mine / base if mine is not None and base else None
     return rows

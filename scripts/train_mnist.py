@@ -92,6 +92,7 @@ def main(argv=None) -> int:
     if args.max_steps:
         total_steps = min(total_steps, args.max_steps)
     straggler = Straggler.from_env(rank, num_workers)
+    gluon_trainers.start_together(kv)
     step, t_start, t_counted = 0, time.perf_counter(), None
     losses = []
 

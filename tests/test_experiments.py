@@ -83,6 +83,19 @@ def test_time_to_accuracy_and_median_trial():
     assert row["time_to_0.99"] is None and row["reached_0.99"] == "0/3"
 
 
+def test_ratios_to_bsp_where_bsp_or_the_other_falls_short():
+    slow = [{"time_s": 1.0, "test_accuracy": 0.5}, {"time_s": 4.0, "test_accuracy": 0.95}]
+    fast = [{"time_s": 1.0, "test_accuracy": 0.95}]
+    runs = [{"trial": 0, "cluster": "c", "paradigm": p, "final_accuracy": 0.95, "curve": c,
+             "train_time_s": 4.0} for p, c in [("BSP", slow), ("ASP", fast)]]
+    rows = {r["paradigm"]: r for r in summarise(runs, [0.9, 0.99])}
+    assert rows["ASP"]["vs_bsp_0.9"] == pytest.approx(0.25) and rows["BSP"]["vs_bsp_0.9"] == 1.0
+    assert rows["ASP"]["vs_bsp_0.99"] is None  # BSP never reached it: no ratio, no error
+    # the order of the rows does not matter
+    rows = {r["paradigm"]: r for r in summarise(runs[::-1], [0.9])}
+    assert rows["ASP"]["vs_bsp_0.9"] == pytest.approx(0.25)
+
+
 def test_demo_quick_runs_end_to_end_and_prints_its_table(tmp_path):
     """make demo in its short form: four paradigms on the mixed pair, the table and both plots."""
     out = str(tmp_path / "demo")

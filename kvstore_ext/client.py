@@ -29,17 +29,23 @@ class WorkerLostError(KVStoreError):
 
 
 class Ticket:
-    """One awaited reply."""
+    """One awaited reply, or the parts of one (``dist_psp`` answers block by block)."""
 
-    __slots__ = ("event", "header", "buffers", "error")
+    __slots__ = ("event", "header", "buffers", "error", "parts", "abandoned")
 
     def __init__(self):
         self.event = threading.Event()
         self.header = None
         self.buffers = None
         self.error: str | None = None
+        self.parts: dict[int, object] = {}   # item index -> buffer, as parts arrive
+        self.abandoned = False   # a partial pull went on without the rest: nobody waits for it
 
     def fulfil(self, header, buffers) -> None:
+        if "part" in header:
+            self.parts.update(zip(header["part"], buffers))
+            if not header.get("final"):
+                return
         self.header, self.buffers = header, buffers
         if not header.get("ok"):
             self.error = header.get("error", "the server refused the request")
@@ -106,10 +112,15 @@ class LinkThread(threading.Thread):
                 continue
 
     def _drain_replies(self, sock) -> None:
+        tickets = self.conn.tickets
         for header, buffers in self._messages(sock):
-            ticket = self.conn.tickets.pop(header.get("seq"), None)
+            seq = header.get("seq")
+            last = "part" not in header or header.get("final")
+            ticket = tickets.pop(seq, None) if last else tickets.get(seq)
             if ticket is not None:
                 ticket.fulfil(header, buffers)
+                with self.conn.progress:
+                    self.conn.progress.notify_all()
 
     def _drain_notices(self) -> None:
         for header, _ in self._messages(self.hb):
@@ -128,6 +139,7 @@ class Connection:
         self.sched.connect(self.env.scheduler_address)
         self.seq = itertools.count(1)
         self.tickets: dict[int, Ticket] = {}
+        self.progress = threading.Condition()   # notified when a part of a reply arrives
         self.send_lock = threading.Lock()
         self.closed = False
         self.failure: str | None = None
@@ -209,6 +221,8 @@ class Connection:
             ticket = self.tickets.pop(seq, None)
             if ticket is not None:
                 ticket.fail(message)
+        with self.progress:
+            self.progress.notify_all()
 
     # -- requests -----------------------------------------------------------------------------
     def send(self, messages: dict[int, tuple[dict, list]]) -> dict[int, Ticket]:
@@ -245,14 +259,43 @@ class Connection:
             raise (WorkerLostError if lost or "died" in errors[0] else KVStoreError)(errors[0])
         return {s: (t.header, t.buffers) for s, t in tickets.items()}
 
+    def wait_parts(self, tickets: dict[int, Ticket], counts: dict[int, int], pull) -> dict:
+        """Wait until ``pull.done(arrived, now)`` says enough blocks have come, or all have.
+
+        ``counts``: how many items each server's request holds.  Returns, per server, the
+        header and one buffer per item, None where that block has not arrived (it may come
+        later; it is then dropped).  ``pull.wake_at()`` tells when to look again unprompted.
+        """
+        total = sum(counts.values())
+        with self.progress:
+            while True:
+                errors = [t.error for t in tickets.values() if t.error]
+                if errors or self.failure:
+                    self.wait(tickets)   # raises the error as a full wait would
+                arrived = sum(len(t.parts) for t in tickets.values())
+                now = time.monotonic()
+                if arrived >= total or pull.done(arrived, now):
+                    break
+                wake = pull.wake_at()
+                self.progress.wait(0.5 if wake is None else max(0.0, min(0.5, wake - now)))
+        out = {}
+        for server, ticket in tickets.items():
+            ticket.abandoned = not ticket.event.is_set()   # its late parts will be dropped
+            parts = dict(ticket.parts)   # a copy: more may arrive from the link thread
+            out[server] = (ticket.header, [parts.get(i) for i in range(counts[server])])
+        return out
+
     def drain(self) -> None:
-        """Wait until every request this worker sent has been answered."""
-        while self.tickets:
+        """Wait until every request this worker sent has been answered (except the rest of
+        partial pulls that went on without it: that is dropped when it comes)."""
+        while True:
             if self.failure:
                 raise WorkerLostError(self.failure)
-            waiting = list(self.tickets.values())   # one C-level copy: safe while the link thread pops
-            if waiting:
-                waiting[0].event.wait(0.5)
+            # one C-level copy: safe while the link thread pops
+            waiting = [t for t in list(self.tickets.values()) if not t.abandoned]
+            if not waiting:
+                return
+            waiting[0].event.wait(0.5)
 
     def request(self, messages: dict[int, tuple[dict, list]]) -> dict[int, tuple[dict, list]]:
         return self.wait(self.send(messages))
@@ -280,7 +323,8 @@ class Connection:
             return
         self.closed = True
         end = time.monotonic() + 30
-        while self.tickets and not self.failure and time.monotonic() < end:
+        while any(not t.abandoned for t in list(self.tickets.values())) and not self.failure \
+                and time.monotonic() < end:
             time.sleep(0.01)      # replies still owed to engine operations
         try:
             if not self.failure:

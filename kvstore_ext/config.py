@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from .horovod_params import HOROVOD_STORE_TYPES
 from .policies import check_staleness
+from .policies.psp import check_psp_params
 
 ROLE = "KVX_ROLE"
 SCHEDULER_HOST = "KVX_SCHEDULER_HOST"
@@ -62,6 +63,8 @@ STORE_TYPES = {
     "dist_asp": ((), _no_params),
     "dist_ssp": (("staleness",), _ssp_params),
     "dist_dssp": (("staleness_lower", "staleness_upper"), _dssp_params),
+    "dist_psp": (("min_pushes", "min_pull_fraction", "push_timeout", "pull_timeout"),
+                 check_psp_params),
     **HOROVOD_STORE_TYPES,   # decentralised: dist_dcs3gd, dist_ssgd
 }
 #: the types served by this project's scheduler and servers (the rest run on Horovod)

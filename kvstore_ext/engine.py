@@ -147,12 +147,15 @@ class Destination:
         self.array, self.pointer = array, ptr.value
         self.size, self.dtype = array.size, np.dtype(array.dtype)
 
-    def write(self, value: np.ndarray) -> None:
-        """Copy ``value`` in; only inside an engine operation that lists the array as written."""
-        src = np.ascontiguousarray(value, dtype=self.dtype)
-        if src.size != self.size:
-            raise ValueError(f"{src.size} values for an array of {self.size}")
-        ctypes.memmove(self.pointer, src.ctypes.data, src.nbytes)
+    def write(self, parts) -> None:
+        """Copy in ``(start, stop, values)`` parts of the flattened array (the whole array, or
+        the blocks that arrived); only inside an engine operation that lists it as written."""
+        for start, stop, value in parts:
+            src = np.ascontiguousarray(value, dtype=self.dtype)
+            if src.size != stop - start or not 0 <= start <= stop <= self.size:
+                raise ValueError(f"{src.size} values for elements [{start}, {stop}) of an array "
+                                 f"of {self.size}")
+            ctypes.memmove(self.pointer + start * self.dtype.itemsize, src.ctypes.data, src.nbytes)
 
 
 class SimulatedLink:

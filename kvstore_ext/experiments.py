@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from .config import STORE_TYPES, StoreConfig, parse_speeds
+from .horovod_params import HOROVOD_STORE_TYPES
 
 TOP_KEYS = {"name", "description", "paper", "script", "args", "workers", "servers", "clusters",
             "trials", "targets", "paradigms", "timeout", "quick"}
@@ -35,8 +36,11 @@ class Paradigm:
 
     def launch_options(self) -> list[str]:
         opts = ["--backend", self.backend] if self.backend != "kvstore_ext" else []
+        if self.kvstore in HOROVOD_STORE_TYPES:   # decentralised: workers only, on Horovod
+            opts += ["--launcher", "horovod"]
         for k, v in sorted(self.params.items()):
-            opts += ["--kv-param", f"{k}={v}"]
+            if v is not None:   # None: the store's default
+                opts += ["--kv-param", f"{k}={v}"]
         return opts
 
 

@@ -23,6 +23,7 @@ import sys
 import time
 
 from . import config as cfg
+from . import faults
 
 PR_SET_PDEATHSIG = 1
 
@@ -91,6 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "fraction (default 0)")
     p.add_argument("--speed-seed", type=int, default=0,
                    help="seed of the jitter, so runs are reproducible (default 0)")
+    p.add_argument("--delay-replies", type=str, metavar="FRACTION:SECONDS",
+                   help="fault injection: each server holds back this fraction of its replies "
+                        "that carry weights by this many seconds, e.g. 0.0016:4 (the PSP-SGD "
+                        "paper: 0.16%% of pull replies late by 4 s); off by default")
+    p.add_argument("--slow-server", type=str, metavar="RANK:SECONDS",
+                   help="fault injection: server RANK answers every pull this many seconds late, "
+                        "e.g. 1:0.5; off by default")
+    p.add_argument("--fault-seed", type=int, default=0,
+                   help="seed of the fault injection draws, so runs are reproducible (default 0)")
     p.add_argument("--metrics-dir", type=str,
                    help="each worker and server writes its metrics here as JSON at the end")
     p.add_argument("--timeout", type=float, default=0,
@@ -226,6 +236,16 @@ class Job:
             self.straggler_env = {cfg.WORKER_SPEED: ",".join(map(str, speeds)),
                                   cfg.SPEED_JITTER: str(args.speed_jitter),
                                   cfg.SPEED_SEED: str(args.speed_seed)}
+        self.fault_env = {faults.FAULT_SEED: str(args.fault_seed)}
+        try:
+            if args.delay_replies:
+                faults.parse_delay_replies(args.delay_replies)
+                self.fault_env[faults.DELAY_REPLIES] = args.delay_replies
+            if args.slow_server:
+                faults.parse_slow_server(args.slow_server, self.num_servers)
+                self.fault_env[faults.SLOW_SERVER] = args.slow_server
+        except ValueError as exc:
+            raise SystemExit(f"launch.py: {exc}") from None
         self.command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if not self.command:
             raise SystemExit("launch.py: give the command each worker runs")
@@ -261,6 +281,7 @@ class Job:
         if a.metrics_dir:
             env[cfg.METRICS_DIR] = os.path.abspath(a.metrics_dir)
         if role == "server":
+            env.update(self.fault_env)
             env.setdefault("MXNET_ENGINE_TYPE", "NaiveEngine")
             env.setdefault("OMP_NUM_THREADS", "1")
         return env

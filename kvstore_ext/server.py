@@ -8,6 +8,8 @@ Run as ``python -m kvstore_ext.server`` inside a job (launch.py does it).
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import os
 import pickle
@@ -19,8 +21,11 @@ import numpy as np
 import zmq
 
 from . import config as cfg
+from .faults import FaultPlan
 from .metrics import ServerMetrics, write_json
 from .policies import make_policy
+from .policies.psp import resolve_min_pushes
+from .psp_server import PartialSyncHandler, make_psp_policy
 from .transport import AuthError, Codec, array_from_buffer, bind_random, new_context
 
 log = logging.getLogger("kvstore_ext.server")
@@ -113,8 +118,23 @@ class Server:
                     "pull": self.op_pull, "set_optimizer": self.op_set_optimizer,
                     "get_states": self.op_get_states, "set_states": self.op_set_states,
                     "stats": self.op_stats, "hello": self.op_hello}
+        self.timers: list = []            # (due, n, callback): round deadlines, late replies
+        self._timer_ids = itertools.count()
         self._register(start_timeout)
         self.metrics = ServerMetrics(self.rank)
+        self.faults = FaultPlan.from_env(self.rank)
+        self.psp = None
+        if self.store_type == "dist_psp":
+            # partial push / pull: stamped pushes, versioned pulls, replies in parts
+            self.psp = PartialSyncHandler(self)
+            try:
+                self.psp_min_pushes = resolve_min_pushes(self.store_params.get("min_pushes"),
+                                                         self.num_workers)
+            except ValueError as exc:   # the workers say so too; refuse every request
+                self.psp_min_pushes = self.num_workers
+                self.fail(str(exc))
+            self.ops.update({"push": self.psp.op_push, "pushpull": self.psp.op_push,
+                             "pull": self.psp.op_pull})
 
     # -- rendezvous --------------------------------------------------------------------------
     def _register(self, start_timeout: float) -> None:
@@ -153,7 +173,48 @@ class Server:
         for slot in p.slots:
             values.append(slot.value())
             slot.pulled[p.worker] = slot.version
-        self.reply(p.ident, p.seq, buffers=values)
+        # one reply carries every block: it is as late as its latest block
+        late = max(self._lateness(len(values)), default=0.0)
+        self._send_later(p.ident, {"op": "reply", "seq": p.seq, "ok": True}, values, late)
+
+    def send_part(self, p, indices, final: bool) -> None:
+        """Some blocks of a partial pull (``dist_psp``), with their versions; a block the fault
+        plan delays goes in a later part of its own."""
+        groups: dict[float, list[int]] = {}
+        for i, late in zip(indices, self._lateness(len(indices))):
+            groups.setdefault(late, []).append(i)
+        for n, (late, group) in enumerate(sorted(groups.items())):
+            slots = [p.slots[i] for i in group]
+            for slot in slots:
+                slot.pulled[p.worker] = slot.version
+            header = {"op": "reply", "seq": p.seq, "ok": True, "part": group,
+                      "final": final and n == len(groups) - 1,
+                      "versions": [s.version for s in slots]}
+            self._send_later(p.ident, header, [s.value() for s in slots], late)
+
+    def _lateness(self, blocks: int) -> list[float]:
+        """Seconds the fault plan holds back each of ``blocks`` block replies (0: on time)."""
+        if not self.faults.active:
+            return [0.0] * blocks
+        return [self.faults.delay() for _ in range(blocks)]
+
+    def _send_later(self, ident, header, values, late: float) -> None:
+        frames = [ident, *self.codec.seal(header, values)]
+        if late > 0:   # the loop serves others meanwhile (a cached value is replaced, not changed)
+            self.at(time.monotonic() + late, lambda: self.router.send_multipart(frames, copy=False))
+        else:
+            self.router.send_multipart(frames, copy=False)
+
+    def at(self, due: float, callback) -> None:
+        """Run ``callback`` from the event loop once the monotonic clock reaches ``due``."""
+        heapq.heappush(self.timers, (due, next(self._timer_ids), callback))
+
+    def _run_timers(self) -> float:
+        """Run the due timers; return seconds until the next one (or a long time)."""
+        while self.timers and self.timers[0][0] <= time.monotonic():
+            _, _, callback = heapq.heappop(self.timers)
+            callback()
+        return self.timers[0][0] - time.monotonic() if self.timers else 3600.0
 
     # -- main loop ---------------------------------------------------------------------------
     def run(self) -> int:
@@ -163,7 +224,8 @@ class Server:
         interval = self.env.heartbeat_interval
         next_beat = 0.0
         while self.running:
-            events = dict(poller.poll(int(interval * 500)))
+            until_timer = self._run_timers()
+            events = dict(poller.poll(max(0, min(int(interval * 500), int(until_timer * 1000) + 1))))
             if self.router in events:
                 for _ in range(256):
                     try:
@@ -194,7 +256,7 @@ class Server:
 
     def finish(self) -> None:
         if self.env.metrics_dir:
-            write_json(self.env.metrics_dir, f"server-{self.rank}.json", self.metrics.to_dict())
+            write_json(self.env.metrics_dir, f"server-{self.rank}.json", self.stats())
         self.ctx.destroy(0)
 
     def handle(self, frames) -> None:
@@ -264,11 +326,16 @@ class Server:
         for ident, seq, *_ in self.init_waiting:
             self.reply_error(ident, seq, message)
         self.init_waiting = []
+        if self.psp is not None:
+            self.psp.fail(message)
 
     def remove_worker(self, rank: int) -> None:
         if rank not in self.members:
             return
         self.members.discard(rank)
+        if self.psp is not None:
+            self.psp.remove_worker(rank)
+            return
         now = time.monotonic()
         decisions = []
         for slot in self.slots.values():
@@ -315,8 +382,9 @@ class Server:
                 if (key, block) not in self.slots:
                     value = array_from_buffer(buf, dtype, (size,))
                     # all keys move together: the first key's policy logs the decisions
-                    policy = make_policy(self.store_type, self.members, self.store_params,
-                                         record=self.metrics.decision_log is None)
+                    policy = (make_psp_policy(self) if self.psp is not None else
+                              make_policy(self.store_type, self.members, self.store_params,
+                                          record=self.metrics.decision_log is None))
                     if self.metrics.decision_log is None:
                         self.metrics.decision_log = (key, block, policy)
                     self.slots[(key, block)] = Slot(key, block, shape, dtype, value, policy)
@@ -346,7 +414,21 @@ class Server:
 
     def op_push(self, ident, header, buffers) -> None:
         worker = header["worker"]
-        items = header["items"]
+        slots, grads = self.check_push_items(worker, header["items"], buffers)
+        now = time.monotonic()
+        pending = Pending(ident, header["seq"], worker, slots, header["op"] == "pushpull")
+        decisions = []
+        self.metrics.pushes_received += len(slots)
+        for slot, grad in zip(slots, grads):
+            if not slot.policy.accepts_now(worker) or (slot.held and
+                                                       any(h[0] == worker for h in slot.held)):
+                slot.held.append((worker, grad, pending))   # a push for a later round
+            else:
+                decisions.append((slot, self.take_push(slot, worker, grad, pending, now)))
+        self.carry_out(decisions)
+
+    def check_push_items(self, worker, items, buffers):
+        """The slots and gradients of a push, every item checked before any is used."""
         if len(buffers) != len(items):
             raise RequestError(f"push: {len(items)} keys but {len(buffers)} buffers")
         slots, grads = [], []
@@ -361,17 +443,7 @@ class Server:
                 raise RequestError(f"key {slot.key!r}: {buf.nbytes} bytes sent for {slot.size} "
                                    f"{slot.dtype.name} elements")
             grads.append(np.frombuffer(buf, dtype=slot.dtype))
-        now = time.monotonic()
-        pending = Pending(ident, header["seq"], worker, slots, header["op"] == "pushpull")
-        decisions = []
-        self.metrics.pushes_received += len(slots)
-        for slot, grad in zip(slots, grads):
-            if not slot.policy.accepts_now(worker) or (slot.held and
-                                                       any(h[0] == worker for h in slot.held)):
-                slot.held.append((worker, grad, pending))   # a push for a later round
-            else:
-                decisions.append((slot, self.take_push(slot, worker, grad, pending, now)))
-        self.carry_out(decisions)
+        return slots, grads
 
     def take_push(self, slot: Slot, worker: int, grad, pending: Pending, now: float):
         slot.gather(grad)
@@ -472,7 +544,15 @@ class Server:
         self.reply(ident, header["seq"])
 
     def op_stats(self, ident, header, buffers) -> None:
-        self.reply(ident, header["seq"], {"stats": self.metrics.to_dict()})
+        self.reply(ident, header["seq"], {"stats": self.stats()})
+
+    def stats(self) -> dict:
+        out = self.metrics.to_dict()
+        if self.faults.active:
+            out["faults"] = self.faults.to_dict()
+        if self.psp is not None:
+            out["psp"] = self.psp.to_dict()
+        return out
 
 
 def main(argv=None) -> int:

@@ -25,6 +25,7 @@ from .client import Connection, KVStoreError
 from .keys import as_list as _as_list, check_key as _check_key, pairs as _pairs
 from .metrics import WorkerMetrics, write_json
 from .partition import Partitioner
+from .policies.psp import PartialPull, resolve_min_pushes
 
 log = logging.getLogger("kvstore_ext")
 
@@ -96,8 +97,14 @@ class ParameterServerStore(KVStoreBase):
 
     # -- data plane ---------------------------------------------------------------------------
     def init(self, key, value):
-        """Create keys on the servers; worker 0's values win, as in MXNet."""
-        self._settle()
+        """Create keys on the servers; worker 0's values win, as in MXNet.
+
+        Calls still in flight are not waited for (a new key does not depend on them, and the
+        servers see this worker's messages in order): ``gluon.Trainer``'s per-key
+        init-and-pull then costs one round trip in all, not one per key.
+        """
+        self._flush()
+        self._raise_deferred()
         items: dict[int, tuple[list, list]] = {}
         send_values = self.rank == 0
         for k, v in _pairs(key, value):
@@ -170,17 +177,27 @@ class ParameterServerStore(KVStoreBase):
                                    for s, (its, bufs, _) in plan.items()})
         if in_engine:
             engine.push(lambda: self._complete(
-                targets, lambda: dict(self._values(plan, self._conn.wait(tickets)))), arrays)
+                targets, lambda: dict(self._values(plan, self._await(op, tickets, plan)))), arrays)
             self._metrics.end_call()
             return
         try:
-            replies = self._conn.wait(tickets)
-            for k, value in self._values(plan, replies):
+            replies = self._await(op, tickets, plan)
+            for k, parts in self._values(plan, replies):
                 for key, o in targets:
                     if key == k:
-                        o._sync_copyfrom(value)
+                        flat = o.asnumpy().reshape(-1) if len(parts) != 1 else None
+                        for start, stop, value in parts:
+                            if flat is None:
+                                flat = value
+                            else:
+                                flat[start:stop] = value
+                        o._sync_copyfrom(flat.reshape(o.shape))
         finally:
             self._metrics.end_call()
+
+    def _await(self, op: str, tickets, plan) -> dict:
+        """The replies of one call, per server (``dist_psp`` goes on with some of them)."""
+        return self._conn.wait(tickets)
 
     def _complete(self, targets, fetch_values) -> None:
         """In the engine: wait for the replies, write the weights (errors wait for the next call)."""
@@ -188,7 +205,7 @@ class ParameterServerStore(KVStoreBase):
         try:
             values = fetch_values()
             for k, destination in targets:
-                destination.write(values[k])
+                destination.write(values.get(k, ()))   # none: a partial pull kept it
         except Exception as exc:
             self._deferred_error = exc
             log.error("kvstore_ext: %s", exc)
@@ -200,8 +217,8 @@ class ParameterServerStore(KVStoreBase):
         self._coalescer.wait_sent(batch)
         if batch.error is not None:
             raise batch.error
-        replies = self._conn.wait(batch.tickets)
-        return batch.values(lambda: dict(self._values(batch.plan, replies)))
+        return batch.values(lambda: dict(self._values(
+            batch.plan, self._await(batch.op, batch.tickets, batch.plan))))
 
     def _flush(self) -> None:
         """Send calls still held for batching: whatever comes next must not overtake them."""
@@ -272,22 +289,19 @@ class ParameterServerStore(KVStoreBase):
         return total.reshape(-1)
 
     def _values(self, plan, replies):
-        """``(key, value)`` for every key of a reply, blocks put back together."""
+        """``(key, parts)`` for every key of a reply: ``(start, stop, flat values)`` of each of
+        its blocks that arrived (a block missing from a partial pull keeps its value)."""
         parts: dict = {}
         for server, (_, _, where) in plan.items():
+            if server not in replies:
+                continue
             _, buffers = replies[server]
             for b, buf in zip(where, buffers):
-                parts.setdefault(b.key, []).append((b, buf))
-        for k, blocks in parts.items():
-            shape, dtype = self._meta[k]
-            if len(blocks) == 1:
-                value = np.frombuffer(blocks[0][1], dtype=dtype).reshape(shape)
-            else:
-                value = np.empty(int(np.prod(shape)), dtype=dtype)
-                for b, buf in blocks:
-                    value[b.start:b.stop] = np.frombuffer(buf, dtype=dtype)
-                value = value.reshape(shape)
-            yield k, value
+                if buf is not None:
+                    dtype = self._meta[b.key][1]
+                    parts.setdefault(b.key, []).append((b.start, b.stop,
+                                                        np.frombuffer(buf, dtype=dtype)))
+        yield from parts.items()
 
     # -- optimizer ----------------------------------------------------------------------------
     def set_optimizer(self, optimizer):
@@ -436,6 +450,59 @@ _guard_native_create()
 DistBSP = _make_store_class("dist_bsp", "Bulk synchronous parallel: equals MXNet's dist_sync.")
 DistASP = _make_store_class("dist_asp", "Asynchronous parallel: equals MXNet's dist_async.")
 DistSSP = _make_store_class("dist_ssp", "Stale synchronous parallel with staleness bound s.")
+class DistPSP(ParameterServerStore):
+    """Partial push and partial pull (PSP-SGD): see :mod:`kvstore_ext.policies.psp`.
+
+    Every pushed block is stamped with this worker's iteration for its key; a pull asks for
+    the blocks at a version >= that iteration and goes on with a fraction ``min_pull_fraction``
+    of them (then ``pull_timeout`` more seconds), the others keeping their values.
+    """
+
+    store_type = "dist_psp"
+
+    def __init__(self, **params):
+        super().__init__(**params)
+        p = self._config.params
+        resolve_min_pushes(p["min_pushes"], self.num_workers)   # c > n: an error here, at once
+        self._fraction, self._linger = p["min_pull_fraction"], p["pull_timeout"]
+        self._stamps: dict = {}   # key -> this worker's iteration for it (pushes so far)
+        self.partial_pulls = 0    # pulls that went on without every block
+        self.blocks_kept = 0      # blocks that kept their previous value
+
+    def _plan(self, op: str, pairs):
+        plan = super()._plan(op, pairs)
+        keys = set()
+        for items, _, _ in plan.values():
+            for item in items:
+                t = self._stamps.get(item[0], 0)
+                item += [-1, t] if op == "pull" else [t, t + 1]   # stamp, version wanted
+                keys.add(item[0])
+        if op != "pull":
+            for k in keys:
+                self._stamps[k] = self._stamps.get(k, 0) + 1
+        return plan
+
+    def _await(self, op: str, tickets, plan) -> dict:
+        if op == "push":
+            return self._conn.wait(tickets)
+        counts = {s: len(plan[s][0]) for s in tickets}
+        pull = PartialPull(sum(counts.values()), self._fraction, self._linger)
+        replies = self._conn.wait_parts(tickets, counts, pull)
+        missing = sum(buf is None for _, buffers in replies.values() for buf in buffers)
+        if missing:
+            self.partial_pulls += 1
+            self.blocks_kept += missing
+        return replies
+
+    def stats(self) -> dict:
+        out = super().stats()
+        out["worker"].update(partial_pulls=self.partial_pulls, blocks_kept=self.blocks_kept)
+        return out
+
+
+KVStoreBase.kv_registry["dist_psp"] = DistPSP
+STORE_CLASSES["dist_psp"] = DistPSP
+
 DistDSSP = _make_store_class("dist_dssp", "Dynamic stale synchronous parallel: a per-worker "
                              "bound in [staleness_lower, staleness_upper].")
 

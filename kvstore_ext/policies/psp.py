@@ -1,0 +1,156 @@
+"""Partial push and partial pull (PSP-SGD): the server's rounds per block, the worker's wait.
+
+Server side (:class:`PartialPushPolicy`, one per block): the block is at version t.  A gradient
+stamped with the worker's iteration t' < t is late and dropped; any other is summed.  The round
+closes (the sum of the d gradients goes through the optimizer once, which is the linear scaling
+rule: d·η·mean = η·sum) when c gradients have arrived and τ1 has passed since the c-th, or when
+every live worker has pushed.  With c = n this is exactly a BSP round.
+
+Worker side (:class:`PartialPull`): of the blocks it asked for at version >= t, it goes on once a
+fraction b has arrived and τ2 has passed since then, or when all have; the others keep their
+previous values.  With b = 1 it waits for all, as BSP does.
+
+Both are pure: the server, the worker, the tests and the simulator drive the same objects.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+
+def resolve_min_pushes(value, num_workers: int) -> int:
+    """c as a count: an integer 1..n, or a fraction of n in (0, 1] (rounded up); None means n.
+
+    ``7`` is seven workers, ``0.875`` (and ``1.0``) a fraction of them.
+    """
+    if value is None:
+        return num_workers
+    check_psp_params({"min_pushes": value})
+    if isinstance(value, float) and value <= 1:
+        return max(1, math.ceil(value * num_workers - 1e-9))
+    if not int(value) <= num_workers:
+        raise ValueError(f"min_pushes={value!r} must be between 1 and the number of workers "
+                         f"({num_workers})")
+    return int(value)
+
+
+def check_psp_params(params: dict) -> dict:
+    """Validate what can be checked without the number of workers; c is resolved per job."""
+    c = params.get("min_pushes")
+    if c is not None:
+        if isinstance(c, bool) or not isinstance(c, (int, float)):
+            raise ValueError(f"min_pushes must be a count of workers (>= 1) or a fraction of them "
+                             f"in (0, 1], got {c!r}")
+        if isinstance(c, int) and c < 1:
+            raise ValueError(f"min_pushes={c!r} must be >= 1 (or a fraction of the workers in (0, 1])")
+        if isinstance(c, float) and (c <= 0 or (c > 1 and not c.is_integer())):
+            raise ValueError(f"min_pushes={c!r}: give a count of workers (an integer >= 1) or a "
+                             f"fraction of them in (0, 1]")
+    b = params.get("min_pull_fraction", 1.0)
+    if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b <= 1:
+        raise ValueError(f"min_pull_fraction must be in (0, 1], got {b!r}")
+    out = {"min_pushes": c, "min_pull_fraction": float(b)}
+    for name in ("push_timeout", "pull_timeout"):
+        t = params.get(name, 0.0)
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0 or math.isinf(t):
+            raise ValueError(f"{name} must be a number of seconds >= 0, got {t!r}")
+        out[name] = float(t)
+    return out
+
+
+@dataclass
+class PushOutcome:
+    """What the server does with one pushed block.
+
+    ``dropped``: the stamp was older than the block's version; nothing summed.
+    ``apply``: the round is over: apply the sum of ``summed`` gradients now (the version has moved on).
+    ``deadline``: set when this push was the c-th: the round closes then at the latest (τ1 later).
+    """
+
+    dropped: bool = False
+    apply: bool = False
+    summed: int = 0
+    deadline: float | None = None
+
+
+class PartialPushPolicy:
+    """One block's rounds: version t, stale stamps dropped, closed after c pushes and τ1."""
+
+    name = "dist_psp"
+
+    def __init__(self, workers: Iterable[int], min_pushes: int, push_timeout: float = 0.0):
+        self.members = set(workers)
+        if not 1 <= min_pushes <= max(1, len(self.members)):
+            raise ValueError(f"min_pushes={min_pushes} must be between 1 and the number of "
+                             f"workers ({len(self.members)})")
+        self.min_pushes = min_pushes
+        self.push_timeout = push_timeout
+        self.version = 0
+        self.summed = 0                  # d: gradients summed in this round
+        self.pushed: set[int] = set()    # workers that pushed in this round
+        self.deadline: float | None = None
+        self.dropped = 0
+        self.dropped_by_worker: dict[int, int] = {}
+
+    def check_push(self, worker: int) -> str | None:
+        if worker not in self.members:
+            return f"worker {worker} is not a live member of this job (members: {sorted(self.members)})"
+        return None
+
+    def on_push(self, worker: int, stamp: int, now: float) -> PushOutcome:
+        if stamp < self.version:
+            self.dropped += 1
+            self.dropped_by_worker[worker] = self.dropped_by_worker.get(worker, 0) + 1
+            return PushOutcome(dropped=True)
+        self.summed += 1
+        self.pushed.add(worker)
+        started_wait = self.summed == self.min_pushes
+        if started_wait:
+            self.deadline = now + self.push_timeout
+        outcome = self._close_if_due(now)
+        if started_wait and not outcome.apply:
+            outcome.deadline = self.deadline
+        return outcome
+
+    def on_timer(self, now: float) -> PushOutcome:
+        """The server's clock reached :attr:`deadline` (or any time: nothing happens early)."""
+        return self._close_if_due(now)
+
+    def remove_worker(self, worker: int, now: float) -> PushOutcome:
+        """A departed worker no longer counts among those every round may wait for."""
+        self.members.discard(worker)
+        return self._close_if_due(now)
+
+    def _close_if_due(self, now: float) -> PushOutcome:
+        everyone = self.summed > 0 and self.members <= self.pushed
+        timed_out = self.deadline is not None and now >= self.deadline
+        if not (everyone or timed_out):
+            return PushOutcome()
+        summed = self.summed
+        self.version += 1
+        self.summed, self.pushed, self.deadline = 0, set(), None
+        return PushOutcome(apply=True, summed=summed)
+
+
+class PartialPull:
+    """A worker's wait for the blocks of one pull: fraction b, then τ2 more, or all of them."""
+
+    def __init__(self, total: int, fraction: float = 1.0, linger: float = 0.0):
+        self.total = total
+        self.needed = min(total, max(1, math.ceil(fraction * total - 1e-9))) if total else 0
+        self.linger = linger
+        self.reached_at: float | None = None
+
+    def done(self, arrived: int, now: float) -> bool:
+        if arrived >= self.total:
+            return True
+        if arrived >= self.needed:
+            if self.reached_at is None:
+                self.reached_at = now
+            return now >= self.reached_at + self.linger
+        return False
+
+    def wake_at(self) -> float | None:
+        """When to look again without news: τ2 after the fraction was reached."""
+        return None if self.reached_at is None else self.reached_at + self.linger

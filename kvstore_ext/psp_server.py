@@ -1,0 +1,127 @@
+"""The server's side of ``dist_psp``: stamped pushes, versioned pulls, replies in parts.
+
+Each block's rounds are decided by :class:`~kvstore_ext.policies.psp.PartialPushPolicy`; this
+module moves the arrays.  A push item carries the worker's iteration (its stamp); a pull item
+asks for the block at a version >= t.  A request is answered in parts: the blocks that are ready
+go out together, the rest as their rounds close (or as the fault plan lets them go), so that a
+worker can go on with a fraction b of them.  Every part lists the item indices it carries and
+the blocks' versions; the last one says ``final``.
+"""
+from __future__ import annotations
+
+import time
+
+from .policies.psp import PartialPushPolicy
+
+
+class PartialPull:
+    """A request whose pull items wait for their blocks to reach a version."""
+
+    __slots__ = ("ident", "seq", "worker", "slots", "min_versions", "unsent")
+
+    def __init__(self, ident, seq, worker, slots, min_versions):
+        self.ident, self.seq, self.worker = ident, seq, worker
+        self.slots, self.min_versions = slots, min_versions
+        self.unsent = set(range(len(slots)))
+
+
+class PartialSyncHandler:
+    """Push, pull and timers of one server under ``dist_psp``."""
+
+    def __init__(self, server):
+        self.server = server
+        self.waiting: list[PartialPull] = []
+        self.dropped_by_worker: dict[int, int] = {}
+
+    # -- requests ----------------------------------------------------------------------------
+    def op_push(self, ident, header, buffers) -> None:
+        """Sum (or drop) every pushed block; a pushpull then waits as a pull for version t+1."""
+        server = self.server
+        worker, items = header["worker"], header["items"]
+        slots, grads = server.check_push_items(worker, items, buffers)
+        now = time.monotonic()
+        server.metrics.pushes_received += len(slots)
+        closed = []
+        for slot, grad, item in zip(slots, grads, items):
+            stamp = int(item[4])
+            outcome = slot.policy.on_push(worker, stamp, now)
+            if outcome.dropped:
+                server.metrics.pushes_dropped += 1
+                self.dropped_by_worker[worker] = self.dropped_by_worker.get(worker, 0) + 1
+                continue
+            slot.gather(grad)
+            server.metrics.record_staleness(worker, slot.version - stamp)
+            if outcome.apply:
+                closed.append(slot)
+            elif outcome.deadline is not None:
+                server.at(outcome.deadline, self.on_timer)
+        if header["op"] == "pushpull":
+            self._wait(ident, header, worker, slots, items)
+        else:
+            server.reply(ident, header["seq"])
+        self._apply(closed)
+
+    def op_pull(self, ident, header, buffers) -> None:
+        server = self.server
+        slots = []
+        for item in header["items"]:
+            slot = server._slot(item)
+            server._check_block(slot, item[2], item[3], "pulled")
+            slots.append(slot)
+        self._wait(ident, header, header["worker"], slots, header["items"])
+
+    def _wait(self, ident, header, worker, slots, items) -> None:
+        p = PartialPull(ident, header["seq"], worker, slots, [int(i[5]) for i in items])
+        self.waiting.append(p)
+        self._answer([p])
+
+    # -- rounds ------------------------------------------------------------------------------
+    def on_timer(self) -> None:
+        now = time.monotonic()
+        self._apply([s for s in self.server.slots.values() if s.policy.on_timer(now).apply])
+
+    def remove_worker(self, rank: int) -> None:
+        now = time.monotonic()
+        self.waiting = [p for p in self.waiting if p.worker != rank]
+        self._apply([s for s in self.server.slots.values()
+                     if s.policy.remove_worker(rank, now).apply])
+
+    def _apply(self, closed) -> None:
+        """One optimizer call for the closed rounds, then every pull they complete."""
+        if not closed:
+            return
+        self.server.apply(closed)
+        self._answer(self.waiting)
+
+    def _answer(self, pulls) -> None:
+        """Send each waiting pull the blocks that have reached their versions."""
+        still = []
+        for p in pulls:
+            ready = [i for i in sorted(p.unsent) if p.slots[i].version >= p.min_versions[i]]
+            if ready:
+                p.unsent.difference_update(ready)
+                self.server.send_part(p, ready, final=not p.unsent)
+            if p.unsent:
+                still.append(p)
+        if pulls is self.waiting:
+            self.waiting = still
+        else:
+            done = {id(p) for p in pulls if not p.unsent}
+            self.waiting = [p for p in self.waiting if id(p) not in done]
+
+    def fail(self, message: str) -> None:
+        for p in self.waiting:
+            self.server.reply_error(p.ident, p.seq, message)
+        self.waiting = []
+
+    def to_dict(self) -> dict:
+        return {"dropped_by_worker": {str(w): n for w, n in sorted(self.dropped_by_worker.items())},
+                "min_pushes": self.server.psp_min_pushes,
+                "versions": sorted({s.version for s in self.server.slots.values()})[-1:]}
+
+
+def make_psp_policy(server):
+    """The policy of a new block on ``server``, with c resolved against the job's workers."""
+    params = server.store_params
+    return PartialPushPolicy(server.members, server.psp_min_pushes, params["push_timeout"])
+

@@ -1,0 +1,205 @@
+"""dist_psp: partial push and partial pull with timeouts, and fault injection on servers.
+
+The policy objects on scripted events; then real jobs on 127.0.0.1 training LeNet on MNIST:
+equality with dist_bsp at c = n, b = 1 (2 servers, split arrays), a 10x slower worker that
+no longer holds the others back at c = n - 1, and a slow server that b < 1 works around.
+"""
+import os
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+import kvstore_ext
+from conftest import ROOT, read_json
+from kvstore_ext.faults import FaultPlan, parse_delay_replies, parse_slow_server
+from kvstore_ext.policies.psp import (PartialPull, PartialPushPolicy, check_psp_params,
+                                      resolve_min_pushes)
+
+TRAIN = os.path.join(ROOT, "scripts", "train_mnist.py")
+
+
+# -- the server's rounds ----------------------------------------------------------------------
+def test_round_closes_at_the_c_th_push_when_there_is_no_timeout():
+    p = PartialPushPolicy(range(4), min_pushes=3)
+    assert not p.on_push(0, 0, 0.0).apply and not p.on_push(1, 0, 0.1).apply
+    out = p.on_push(2, 0, 0.2)
+    assert out.apply and out.summed == 3 and p.version == 1
+    late = p.on_push(3, 0, 0.3)                 # worker 3's gradient for version 0 is late
+    assert late.dropped and not late.apply and p.dropped == 1 and p.dropped_by_worker == {3: 1}
+
+
+def test_push_timeout_waits_after_the_c_th_and_everyone_closes_early():
+    p = PartialPushPolicy(range(3), min_pushes=1, push_timeout=0.5)
+    first = p.on_push(0, 0, 10.0)
+    assert not first.apply and first.deadline == 10.5
+    assert not p.on_timer(10.4).apply
+    second = p.on_push(1, 0, 10.45)
+    assert not second.apply and second.deadline is None   # the wait started at the c-th only
+    out = p.on_timer(10.5)
+    assert out.apply and out.summed == 2 and p.version == 1
+    # the same wait, but all three arrive in time: closed at once, no timer needed
+    for w in range(2):
+        p.on_push(w, 1, 11.0)
+    out = p.on_push(2, 1, 11.1)
+    assert out.apply and out.summed == 3 and p.version == 2
+
+
+def test_c_equal_n_is_a_bsp_round_and_a_departed_worker_releases_it():
+    p = PartialPushPolicy(range(3), min_pushes=3)
+    assert not p.on_push(0, 0, 0).apply and not p.on_push(1, 0, 0).apply
+    out = p.remove_worker(2, 1.0)
+    assert out.apply and out.summed == 2
+    assert p.on_push(0, 1, 2).apply is False and p.on_push(1, 1, 2).apply
+
+
+def test_stamps_ahead_of_the_version_are_summed():
+    """A worker that went on with part of the blocks may push a later stamp: it counts now."""
+    p = PartialPushPolicy(range(2), min_pushes=2)
+    p.on_push(0, 0, 0)
+    out = p.on_push(1, 3, 0)
+    assert out.apply and out.summed == 2 and p.dropped == 0
+
+
+def test_partial_pull_fraction_and_linger():
+    pull = PartialPull(total=10, fraction=0.75, linger=0.2)
+    assert pull.needed == 8
+    assert not pull.done(7, 0.0) and pull.wake_at() is None
+    assert not pull.done(8, 1.0) and pull.wake_at() == pytest.approx(1.2)
+    assert not pull.done(9, 1.1) and pull.done(9, 1.2)
+    assert PartialPull(10, 0.75, 5.0).done(10, 0.0)          # all arrived: no lingering
+    assert PartialPull(4, 0.9).needed == 4 and PartialPull(4, 1.0).done(4, 0)
+    assert not PartialPull(4, 1.0).done(3, 100.0)             # b = 1 waits for every block
+
+
+def test_min_pushes_as_count_or_fraction():
+    assert resolve_min_pushes(7, 8) == 7 and resolve_min_pushes(None, 8) == 8
+    assert resolve_min_pushes(0.875, 8) == 7 and resolve_min_pushes(1.0, 8) == 8
+    assert resolve_min_pushes(0.1, 8) == 1
+
+
+@pytest.mark.parametrize("params,match", [
+    ({"min_pushes": 0}, "min_pushes=0"),
+    ({"min_pushes": -0.5}, "min_pushes=-0.5"),
+    ({"min_pushes": 2.5}, "min_pushes=2.5"),
+    ({"min_pushes": "all"}, "min_pushes"),
+    ({"min_pull_fraction": 0}, "min_pull_fraction must be in \\(0, 1\\], got 0"),
+    ({"min_pull_fraction": 1.5}, "min_pull_fraction.*1.5"),
+    ({"push_timeout": -1}, "push_timeout must be a number of seconds >= 0, got -1"),
+    ({"pull_timeout": "soon"}, "pull_timeout.*'soon'"),
+])
+def test_bad_parameters_name_the_parameter_and_value(params, match):
+    with pytest.raises(ValueError, match=match):
+        check_psp_params(params)
+    with pytest.raises(ValueError, match=match):
+        kvstore_ext.create("dist_psp", **params)   # refused before any connection is tried
+
+
+def test_more_pushes_than_workers_is_refused():
+    with pytest.raises(ValueError, match=r"min_pushes=9 must be between 1 and the number of workers \(8\)"):
+        resolve_min_pushes(9, 8)
+
+
+def test_bad_fault_options():
+    assert parse_delay_replies("0.0016:4") == (0.0016, 4.0)
+    with pytest.raises(ValueError, match="FRACTION:SECONDS"):
+        parse_delay_replies("4")
+    with pytest.raises(ValueError, match="fraction must be in \\[0, 1\\]"):
+        parse_delay_replies("2:1")
+    with pytest.raises(ValueError, match="server 4 does not exist"):
+        parse_slow_server("4:1", num_servers=4)
+
+
+def test_fault_plan_is_reproducible_by_seed_and_hits_the_fraction():
+    env = {"KVX_DELAY_REPLIES": "0.1:2", "KVX_FAULT_SEED": "7"}
+    a, b = FaultPlan.from_env(0, env), FaultPlan.from_env(0, env)
+    draws = [a.delay() for _ in range(5000)]
+    assert draws == [b.delay() for _ in range(5000)]
+    assert set(draws) == {0.0, 2.0} and 400 < draws.count(2.0) < 600
+    other = FaultPlan.from_env(1, env)                       # each server draws its own
+    assert [other.delay() for _ in range(5000)] != draws
+    assert a.to_dict()["replies_delayed"] == draws.count(2.0)
+    slow = {"KVX_SLOW_SERVER": "1:0.3"}
+    assert FaultPlan.from_env(1, slow).delay() == 0.3 and not FaultPlan.from_env(0, slow).active
+
+
+# -- real jobs --------------------------------------------------------------------------------
+def load_params(path):
+    return {k: v.asnumpy() for k, v in mx.nd.load(path).items()}
+
+
+def test_c_equal_n_b_one_equals_dist_bsp_with_two_servers_and_split_arrays(run_job, tmp_path):
+    common = ["--no-shuffle", "--max-steps", "12", "--lr", "0.05", "--momentum", "0.9",
+              "--wd", "1e-3", "--batch-size", "32"]
+    split = ["--env", "KVX_BIGARRAY_BOUND:1000"]     # LeNet's big layers: one block per server
+    params = {}
+    for kvstore in ("dist_bsp", "dist_psp"):
+        out = str(tmp_path / f"{kvstore}-{{rank}}.params")
+        code, log = run_job(2, 2, [TRAIN, "--kvstore", kvstore, "--save-params", out, *common],
+                            *split, "--metrics-dir", str(tmp_path / kvstore))
+        assert code == 0, log[-3000:]
+        params[kvstore] = [load_params(out.replace("{rank}", str(r))) for r in range(2)]
+    ref = params["dist_bsp"][0]
+    for rank in range(2):
+        got = params["dist_psp"][rank]
+        for k in ref:
+            rel = np.abs(got[k] - ref[k]).max() / max(np.abs(ref[k]).max(), 1e-12)
+            assert rel <= 1e-5, f"worker {rank} {k}: relative difference {rel}"
+    servers = [read_json(str(tmp_path / "dist_psp" / f"server-{s}.json")) for s in range(2)]
+    assert all(s["pushes_dropped"] == 0 and s["updates"] > 0 for s in servers)
+    # the arrays really were split: some key has a block on each server
+    assert servers[0]["pushes_applied"] > 0 and servers[1]["pushes_applied"] > 0
+
+
+def rate(result):
+    return result["steps"] / result["wall_time_s"]
+
+
+def test_a_ten_times_slower_worker_no_longer_holds_the_others_back(run_job, tmp_path):
+    """c = n - 1: the fast workers keep their pace; the slow one's late pushes are dropped."""
+    common = [TRAIN, "--kvstore", "dist_psp", "--epochs", "100", "--max-time", "8",
+              "--batch-size", "32"]
+    out = str(tmp_path / "alone-{rank}.json")
+    code, log = run_job(2, 1, [*common, "--out", out], "--kv-param", "min_pushes=2")
+    assert code == 0, log[-3000:]
+    alone = [rate(read_json(out.replace("{rank}", str(r)))) for r in range(2)]
+
+    out = str(tmp_path / "slow-{rank}.json")
+    metrics = tmp_path / "metrics"
+    code, log = run_job(3, 1, [*common, "--out", out], "--kv-param", "min_pushes=2",
+                        "--worker-speed", "1,1,0.1", "--metrics-dir", str(metrics))
+    assert code == 0, log[-3000:]
+    results = [read_json(out.replace("{rank}", str(r))) for r in range(3)]
+    with_slow = [rate(r) for r in results[:2]]
+    assert min(with_slow) >= 0.75 * min(alone), (alone, with_slow)
+    assert results[2]["steps"] < 0.4 * results[0]["steps"]      # it really was slow
+    server = read_json(str(metrics / "server-0.json"))
+    dropped = server["psp"]["dropped_by_worker"]
+    assert int(dropped.get("2", 0)) > 0, dropped
+    assert server["pushes_dropped"] == sum(int(v) for v in dropped.values())
+
+
+@pytest.mark.parametrize("fraction", [0.5, 1.0])
+def test_a_slow_server_stalls_b_one_but_not_b_below_one(run_job, tmp_path, fraction):
+    """Server 1 answers pulls 1.5 s late. LeNet's 8 arrays sit 4 and 4 on the two servers:
+    b = 0.5 goes on with server 0's half; b = 1 waits for every reply."""
+    out = str(tmp_path / "r-{rank}.json")
+    metrics = tmp_path / "metrics"
+    code, log = run_job(2, 2, [TRAIN, "--kvstore", "dist_psp", "--epochs", "100", "--max-time",
+                               "8", "--batch-size", "32", "--out", out],
+                        "--kv-param", f"min_pull_fraction={fraction}", "--slow-server", "1:1.5",
+                        "--fault-seed", "3", "--metrics-dir", str(metrics))
+    assert code == 0, log[-3000:]
+    results = [read_json(out.replace("{rank}", str(r))) for r in range(2)]
+    steps = min(r["steps"] for r in results)
+    faults = read_json(str(metrics / "server-1.json"))["faults"]
+    assert faults["slow_seconds"] == 1.5 and faults["replies_delayed"] > 0
+    assert "faults" not in read_json(str(metrics / "server-0.json"))
+    if fraction < 1:
+        # (the first steps, before stock Trainer's per-key calls are gathered into one call
+        # per step, and the first pull of each key wait for server 1 whatever b is)
+        assert steps >= 20, steps           # many steps per delay
+        kept = [r["kvstore_stats"]["worker"]["blocks_kept"] for r in results]
+        assert min(kept) > 0
+    else:
+        assert steps <= 7, steps            # one step per 1.5 s at most (8 s of training)

@@ -31,7 +31,7 @@ class WorkerLostError(KVStoreError):
 class Ticket:
     """One awaited reply, or the parts of one (``dist_psp`` answers block by block)."""
 
-    __slots__ = ("event", "header", "buffers", "error", "parts", "abandoned")
+    __slots__ = ("event", "header", "buffers", "error", "parts", "expected", "abandoned")
 
     def __init__(self):
         self.event = threading.Event()
@@ -39,12 +39,13 @@ class Ticket:
         self.buffers = None
         self.error: str | None = None
         self.parts: dict[int, object] = {}   # item index -> buffer, as parts arrive
+        self.expected = 0                     # how many items the request holds
         self.abandoned = False   # a partial pull went on without the rest: nobody waits for it
 
     def fulfil(self, header, buffers) -> None:
-        if "part" in header:
+        if "part" in header:   # parts may come in any order (a late block comes last)
             self.parts.update(zip(header["part"], buffers))
-            if not header.get("final"):
+            if len(self.parts) < self.expected:
                 return
         self.header, self.buffers = header, buffers
         if not header.get("ok"):
@@ -115,10 +116,11 @@ class LinkThread(threading.Thread):
         tickets = self.conn.tickets
         for header, buffers in self._messages(sock):
             seq = header.get("seq")
-            last = "part" not in header or header.get("final")
-            ticket = tickets.pop(seq, None) if last else tickets.get(seq)
+            ticket = tickets.get(seq)
             if ticket is not None:
                 ticket.fulfil(header, buffers)
+                if ticket.event.is_set():
+                    tickets.pop(seq, None)
                 with self.conn.progress:
                     self.conn.progress.notify_all()
 
@@ -243,6 +245,7 @@ class Connection:
             header["worker"] = self.rank
             header["reply_to"] = self.rx_names[server]
             ticket = Ticket()
+            ticket.expected = len(header.get("items", ()))
             self.tickets[seq] = ticket
             self.tx[server].send_multipart(self.codec.seal(header, buffers), copy=False)
             tickets[server] = ticket

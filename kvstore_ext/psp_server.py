@@ -5,7 +5,7 @@ module moves the arrays.  A push item carries the worker's iteration (its stamp)
 asks for the block at a version >= t.  A request is answered in parts: the blocks that are ready
 go out together, the rest as their rounds close (or as the fault plan lets them go), so that a
 worker can go on with a fraction b of them.  Every part lists the item indices it carries and
-the blocks' versions; the last one says ``final``.
+the blocks' versions; the worker knows how many it asked for.
 """
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ class PartialSyncHandler:
             ready = [i for i in sorted(p.unsent) if p.slots[i].version >= p.min_versions[i]]
             if ready:
                 p.unsent.difference_update(ready)
-                self.server.send_part(p, ready, final=not p.unsent)
+                self.server.send_part(p, ready)
             if p.unsent:
                 still.append(p)
         if pulls is self.waiting:

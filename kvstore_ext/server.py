@@ -177,18 +177,17 @@ class Server:
         late = max(self._lateness(len(values)), default=0.0)
         self._send_later(p.ident, {"op": "reply", "seq": p.seq, "ok": True}, values, late)
 
-    def send_part(self, p, indices, final: bool) -> None:
+    def send_part(self, p, indices) -> None:
         """Some blocks of a partial pull (``dist_psp``), with their versions; a block the fault
-        plan delays goes in a later part of its own."""
+        plan delays goes in a later part of its own.  The worker counts the blocks it has."""
         groups: dict[float, list[int]] = {}
         for i, late in zip(indices, self._lateness(len(indices))):
             groups.setdefault(late, []).append(i)
-        for n, (late, group) in enumerate(sorted(groups.items())):
+        for late, group in groups.items():
             slots = [p.slots[i] for i in group]
             for slot in slots:
                 slot.pulled[p.worker] = slot.version
             header = {"op": "reply", "seq": p.seq, "ok": True, "part": group,
-                      "final": final and n == len(groups) - 1,
                       "versions": [s.version for s in slots]}
             self._send_later(p.ident, header, [s.value() for s in slots], late)
 

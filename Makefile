@@ -10,13 +10,15 @@ HOROVOD_ENV := HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT
                HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO MAKEFLAGS=-j2
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench bench-kvstore bench-train bench-dssp-policy bench-dcs3gd reproduce clean help
+.PHONY: setup test demo bench bench-kvstore bench-train bench-dssp-policy bench-dcs3gd reproduce \
+        reproduce-dssp reproduce-psp clean help
 
 help:
 	@echo "make demo    - set up (first time) and compare BSP, ASP, SSP and DSSP on a mixed-speed pair"
 	@echo "make test    - set up (first time) and run the test suite"
 	@echo "make bench   - kvstore round rates and end-to-end training speed vs MXNet's own stores"
-	@echo "make reproduce - the DSSP paper's experiment at this machine's scale (about 45 minutes)"
+	@echo "make reproduce - the DSSP and PSP-SGD papers' experiments at this machine's scale (about 75 minutes;"
+	@echo "                 make reproduce-dssp or make reproduce-psp for one of them)"
 	@echo "make setup   - only create .venv with pinned dependencies and horovod"
 
 $(STAMP): requirements.txt setup.cfg pyproject.toml
@@ -58,8 +60,13 @@ bench-dcs3gd: setup
 	$(PY) scripts/bench_dcs3gd.py --trials 3 --out results/bench
 	$(PY) scripts/bench_dcs3gd.py --trials 3 --device-s 0.1 --batch-size 16 --out results/bench/device
 
-reproduce: setup
+reproduce: reproduce-dssp reproduce-psp
+
+reproduce-dssp: setup
 	$(PY) scripts/reproduce.py configs/dssp_mnist.yaml
+
+reproduce-psp: setup
+	$(PY) scripts/reproduce.py configs/psp_mnist.yaml
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

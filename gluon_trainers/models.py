@@ -38,4 +38,11 @@ def alexnet_small(classes: int = 10) -> nn.HybridSequential:
     return net
 
 
-MODELS = {"lenet": lenet, "alexnet_small": alexnet_small}
+def cifar_resnet50_v1(classes: int = 10):
+    """The DSSP paper's "ResNet-50" for CIFAR: MXNet's CIFAR ResNet with 50 layers (6n+2, n=8),
+    which GluonCV builds but does not name in its model zoo."""
+    from gluoncv.model_zoo.cifarresnet import get_cifar_resnet
+    return get_cifar_resnet(1, 50, classes=classes)
+
+
+MODELS = {"lenet": lenet, "alexnet_small": alexnet_small, "cifar_resnet50_v1": cifar_resnet50_v1}

@@ -18,7 +18,9 @@ from .config import STORE_TYPES, StoreConfig, parse_speeds
 from .horovod_params import HOROVOD_STORE_TYPES
 
 TOP_KEYS = {"name", "description", "paper", "script", "args", "workers", "servers", "clusters",
-            "trials", "targets", "paradigms", "timeout", "quick"}
+            "trials", "targets", "paradigms", "timeout", "quick", "env"}
+#: a cluster is a list of worker speeds, or a mapping with the speeds and server fault injection
+CLUSTER_KEYS = {"speeds", "delay_replies", "slow_server", "fault_seed"}
 PARADIGM_KEYS = {"name", "kvstore", "params", "backend"}
 NATIVE_TYPES = {"dist_sync", "dist_async", "dist_sync_device", "dist_async_device"}
 
@@ -60,6 +62,17 @@ class Experiment:
     timeout: float = 1800
     quick: dict = field(default_factory=dict)
     path: str = ""
+    faults: dict[str, dict] = field(default_factory=dict)   # cluster -> fault injection
+    env: dict = field(default_factory=dict)                 # variables for every process
+
+    def launch_options(self, cluster: str) -> list[str]:
+        """launch.py options of a cluster besides the speeds: fault injection, environment."""
+        opts = []
+        for key, value in sorted(self.faults.get(cluster, {}).items()):
+            opts += [f"--{key.replace('_', '-')}", str(value)]
+        for name, value in sorted(self.env.items()):
+            opts += ["--env", f"{name}:{value}"]
+        return opts
 
     def runs(self, trials: int | None = None):
         """``(trial, cluster, paradigm)`` in interleaved order, so machine drift hits all alike."""
@@ -112,8 +125,11 @@ def load_experiment(path: str) -> Experiment:
 
     clusters_raw = raw.get("clusters") or {"default": [1.0] * workers}
     _need(isinstance(clusters_raw, dict), where, "clusters must map a name to a list of speeds")
-    clusters = {}
+    clusters, faults = {}, {}
     for name, speeds in clusters_raw.items():
+        if isinstance(speeds, dict):
+            faults[str(name)] = _cluster_faults(speeds, f"{where}: clusters.{name}", servers)
+            speeds = speeds.get("speeds", 1.0)
         text = ",".join(str(s) for s in speeds) if isinstance(speeds, list) else str(speeds)
         try:
             clusters[str(name)] = parse_speeds(text, workers)
@@ -158,11 +174,36 @@ def load_experiment(path: str) -> Experiment:
     if dup:
         raise ConfigError(f"{where}: paradigm name {dup[0]!r} is used twice")
 
+    env = raw.get("env") or {}
+    _need(isinstance(env, dict) and all(isinstance(k, str) and k.isidentifier() for k in env),
+          where, f"env must map variable names to values, got {env!r}")
+
     return Experiment(name=str(raw["name"]), script=str(raw["script"]), args=args,
                       workers=workers, servers=servers, clusters=clusters, trials=trials,
                       targets=[float(t) for t in targets], paradigms=paradigms,
                       description=str(raw.get("description", "")), paper=str(raw.get("paper", "")),
-                      timeout=float(raw.get("timeout", 1800)), quick=quick, path=path)
+                      timeout=float(raw.get("timeout", 1800)), quick=quick, path=path,
+                      faults=faults, env={k: str(v) for k, v in env.items()})
+
+
+def _cluster_faults(entry: dict, at: str, servers: int) -> dict:
+    """The fault injection of one cluster, checked as launch.py would check it."""
+    from .faults import parse_delay_replies, parse_slow_server
+    unknown = sorted(set(entry) - CLUSTER_KEYS)
+    if unknown:
+        raise ConfigError(f"{at}: unknown key {unknown[0]!r} (known: {', '.join(sorted(CLUSTER_KEYS))})")
+    out = {k: v for k, v in entry.items() if k != "speeds"}
+    try:
+        if "delay_replies" in out:
+            parse_delay_replies(str(out["delay_replies"]))
+        if "slow_server" in out:
+            parse_slow_server(str(out["slow_server"]), servers)
+    except ValueError as exc:
+        raise ConfigError(f"{at}: {exc}") from None
+    seed = out.get("fault_seed", 0)
+    _need(isinstance(seed, int) and not isinstance(seed, bool), at,
+          f"fault_seed must be an integer, got {seed!r}")
+    return out
 
 
 # -- reducing runs -------------------------------------------------------------------------------
@@ -180,6 +221,11 @@ def median_run(runs: list[dict]) -> dict:
     return ordered[(len(ordered) - 1) // 2]
 
 
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
 def summarise(runs: list[dict], targets: list[float]) -> list[dict]:
     """One row per (cluster, paradigm): the median trial's times to the targets, and spreads."""
     groups: dict[tuple, list[dict]] = {}
@@ -192,7 +238,11 @@ def summarise(runs: list[dict], targets: list[float]) -> list[dict]:
                "median_trial": chosen["trial"], "final_accuracy": chosen["final_accuracy"],
                "train_time_s": chosen["train_time_s"],
                "iterations": chosen.get("iterations"),
-               "wait_share": chosen.get("wait_share")}
+               "wait_share": chosen.get("wait_share"),
+               # averages over the trials, as the PSP-SGD paper reports them
+               "running_time_s": _mean(r.get("running_time_s") for r in group),
+               "test_error": _mean(1 - r["final_accuracy"] for r in group),
+               "pushes_dropped": _mean(r.get("pushes_dropped") for r in group)}
         for target in targets:
             times = [time_to_accuracy(r["curve"], target) for r in group]
             row[f"time_to_{target}"] = time_to_accuracy(chosen["curve"], target)
@@ -200,6 +250,12 @@ def summarise(runs: list[dict], targets: list[float]) -> list[dict]:
             row[f"reached_{target}"] = f"{len(reached)}/{len(group)}"
             row[f"median_time_to_{target}"] = statistics.median(reached) if reached else None
         rows.append(row)
+    for cluster in {r["cluster"] for r in rows}:   # running time against the first paradigm
+        mine = [r for r in rows if r["cluster"] == cluster]
+        base = mine[0]["running_time_s"]
+        for r in mine:
+            r["running_vs_first"] = (r["running_time_s"] / base
+                                     if base and r["running_time_s"] is not None else None)
     for row in rows:  # ratios to BSP in the same cluster; None where either did not reach
         bsp = next((r for r in rows if r["cluster"] == row["cluster"] and r["paradigm"] == "BSP"),
                    None)

@@ -26,7 +26,8 @@ def write_results(out_dir: str, stem: str, rows: list[dict], columns: list[tuple
     lines = ["| " + " | ".join(title for title, _, _ in columns) + " |",
              "| " + " | ".join("---" if fmt == "{}" else "---:" for _, _, fmt in columns) + " |"]
     for r in rows:
-        lines.append("| " + " | ".join(fmt.format(r[key]) for _, key, fmt in columns) + " |")
+        lines.append("| " + " | ".join("-" if r.get(key) is None else fmt.format(r[key])
+                                       for _, key, fmt in columns) + " |")
     table = "\n".join(lines)
     with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
         f.write(table + "\n")

@@ -9,8 +9,10 @@ runs are interleaved trial by trial so that drift of the machine hits every
 paradigm alike. Writes into --out (default results/<name>): runs.json (every
 run, with worker 0's accuracy curve), results.csv/.md (per cluster and
 paradigm: the median trial by final accuracy, its time to each target
-accuracy), accuracy_vs_time_<cluster>.png and, for DSSP runs,
-dssp_threshold_<cluster>.png.
+accuracy), accuracy_vs_time_<cluster>.png, accuracy_vs_epoch_<cluster>.png
+(when the curves carry epochs), for dist_psp runs test_error_vs_time_<cluster>.png,
+and for DSSP runs dssp_threshold_<cluster>.png. The table also gives, averaged over the
+trials, the running time (until the last worker is done), test error and pushes dropped.
 """
 from __future__ import annotations
 
@@ -54,11 +56,12 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def job_command(exp, paradigm, speeds, workdir, quick):
+def job_command(exp, paradigm, cluster, workdir, quick):
     """The launch.py options and the worker command of one run."""
     script = os.path.normpath(os.path.join(ROOT, exp.script))
+    speeds = exp.clusters[cluster]
     options = [*paradigm.launch_options(), "--worker-speed", ",".join(map(str, speeds)),
-               "--metrics-dir", os.path.join(workdir, "metrics")]
+               *exp.launch_options(cluster), "--metrics-dir", os.path.join(workdir, "metrics")]
     command = [sys.executable, script, "--kvstore", paradigm.kvstore, *exp.script_args(quick),
                "--out", os.path.join(workdir, "worker-{rank}.json")]
     return options, command
@@ -73,25 +76,30 @@ def collect(workdir, exp, trial, cluster, paradigm, seconds) -> dict:
     """One run's record: worker 0's curve, every worker's iterations, the DSSP log."""
     workers = [read_json(os.path.join(workdir, f"worker-{r}.json")) for r in range(exp.workers)]
     w0 = workers[0]
-    dssp = None
+    dssp, dropped, delayed = None, 0, 0
     for path in sorted(glob.glob(os.path.join(workdir, "metrics", "server-*.json"))):
         server = read_json(path)
-        if "dssp" in server:
+        dropped += server.get("pushes_dropped", 0)
+        delayed += server.get("faults", {}).get("replies_delayed", 0)
+        if "dssp" in server and dssp is None:
             dssp = server["dssp"]
-            break
     waits = [w.get("kvstore_stats", {}).get("worker", {}).get("wait_share") for w in workers]
     waits = [x for x in waits if x is not None]
     return {"trial": trial, "cluster": cluster, "paradigm": paradigm.name,
             "kvstore": paradigm.kvstore, "params": paradigm.params,
             "speeds": exp.clusters[cluster], "job_seconds": seconds,
             "final_accuracy": w0["test_accuracy"], "train_time_s": w0["wall_time_s"],
+            # the job's running time: until its last worker finished training
+            "running_time_s": max(w["wall_time_s"] for w in workers),
+            "pushes_dropped": dropped, "replies_delayed": delayed,
             "train_start_wall": w0.get("train_start_wall"),
             "iterations": [w["steps"] for w in workers],
             "wait_share": sum(waits) / len(waits) if waits else None,
             "curve": w0["accuracy_curve"], "dssp": dssp}
 
 
-def plot_accuracy(runs, rows, cluster, path, title):
+def plot_accuracy(runs, rows, cluster, path, title, x="time_s", error=False):
+    """Worker 0's test accuracy (or top-1 error) of each paradigm's median trial against ``x``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -101,14 +109,16 @@ def plot_accuracy(runs, rows, cluster, path, title):
             continue
         run = next(r for r in runs if r["cluster"] == cluster and r["paradigm"] == row["paradigm"]
                    and r["trial"] == row["median_trial"])
-        ax.plot([p["time_s"] for p in run["curve"]], [p["test_accuracy"] for p in run["curve"]],
+        ax.plot([p[x] for p in run["curve"]],
+                [1 - p["test_accuracy"] if error else p["test_accuracy"] for p in run["curve"]],
                 marker=".", label=row["paradigm"])
-    ax.set_xlabel("training time (s)")
-    ax.set_ylabel("test accuracy (worker 0)")
+    ax.set_xlabel("training time (s)" if x == "time_s" else x)
+    ax.set_ylabel("top-1 test error (worker 0)" if error else "test accuracy (worker 0)")
     ax.set_title(title)
     lows = [p["test_accuracy"] for r in runs if r["cluster"] == cluster for p in r["curve"]]
     if lows:
-        ax.set_ylim(max(0.0, sorted(lows)[len(lows) // 10] - 0.02), 1.0)
+        low = max(0.0, sorted(lows)[len(lows) // 10] - 0.02)
+        ax.set_ylim(*((0.0, 1.0 - low) if error else (low, 1.0)))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -170,7 +180,11 @@ def table_columns(exp):
     cols += [("trials reaching " + str(exp.targets[-1]) if exp.targets else "trials",
               f"reached_{exp.targets[-1]}" if exp.targets else "trials", "{}"),
              ("iterations per worker", "iterations_text", "{}"),
-             ("training time (s)", "train_time_s", "{:.1f}")]
+             ("training time (s)", "train_time_s", "{:.1f}"),
+             ("running time (s, mean)", "running_time_s", "{:.1f}"),
+             ("vs " + exp.paradigms[0].name, "running_vs_first", "{:.2f}x"),
+             ("test error (mean)", "test_error", "{:.4f}"),
+             ("pushes dropped (mean)", "pushes_dropped", "{:.0f}")]
     return cols
 
 
@@ -210,7 +224,7 @@ def main(argv=None) -> int:
 
     if args.dry_run:
         for trial, cluster, paradigm in plan:
-            options, command = job_command(exp, paradigm, exp.clusters[cluster],
+            options, command = job_command(exp, paradigm, cluster,
                                            f"<tmp>/{trial}-{cluster}-{paradigm.name}", args.quick)
             launch = [sys.executable, os.path.join(HERE, "launch.py"), "-n", str(exp.workers),
                       "-s", str(exp.servers), "--launcher", "local", *options, *command]
@@ -228,7 +242,7 @@ def main(argv=None) -> int:
     for trial, cluster, paradigm in bar:
         bar.set_postfix_str(f"trial {trial} {cluster} {paradigm.name}")
         with tempfile.TemporaryDirectory() as workdir:
-            options, command = job_command(exp, paradigm, exp.clusters[cluster], workdir, args.quick)
+            options, command = job_command(exp, paradigm, cluster, workdir, args.quick)
             t0 = time.perf_counter()
             run_local_job(exp.workers, exp.servers, command, options=options,
                           timeout=exp.timeout)
@@ -248,6 +262,15 @@ def main(argv=None) -> int:
         path = os.path.join(out, f"accuracy_vs_time_{cluster}.png")
         plot_accuracy(runs, rows, cluster, path, title)
         figures.append(path)
+        points = [p for r in runs if r["cluster"] == cluster for p in r["curve"]]
+        if points and all("epoch" in p for p in points):
+            path = os.path.join(out, f"accuracy_vs_epoch_{cluster}.png")
+            plot_accuracy(runs, rows, cluster, path, title, x="epoch")
+            figures.append(path)
+        if any(p.kvstore == "dist_psp" for p in exp.paradigms):   # the PSP-SGD paper's figures
+            path = os.path.join(out, f"test_error_vs_time_{cluster}.png")
+            plot_accuracy(runs, rows, cluster, path, title, error=True)
+            figures.append(path)
         path = os.path.join(out, f"dssp_threshold_{cluster}.png")
         if plot_thresholds(runs, rows, cluster, path, cluster):
             figures.append(path)

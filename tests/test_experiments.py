@@ -56,12 +56,29 @@ paradigms:
     (("targets: [0.9]", "targets: [90]"), "targets must be a list of accuracies"),
     (("workers: 2", "workers: zero"), "workers must be an integer"),
     (("name: BSP, kvstore: dist_bsp", "name: DSSP, kvstore: dist_bsp"), "'DSSP' is used twice"),
+    (("[1.0, 0.43]", "{speeds: [1.0, 0.43], delay_replies: '2:1'}"),
+     r"clusters.mixed: --delay-replies: the fraction must be in \[0, 1\]"),
+    (("[1.0, 0.43]", "{speeds: [1.0, 0.43], slow_server: '3:1'}"),
+     "clusters.mixed: --slow-server: server 3 does not exist"),
+    (("[1.0, 0.43]", "{speeds: [1.0, 0.43], slow_servr: '0:1'}"),
+     "clusters.mixed: unknown key 'slow_servr'"),
+    (("{name: BSP, kvstore: dist_bsp}", "{name: PSP, kvstore: dist_psp, params: {min_pushes: 0}}"),
+     r"paradigms\[0\]: min_pushes=0 must be >= 1"),
 ])
 def test_bad_configs_name_the_key(tmp_path, change, match):
     old, new = change
     assert old in GOOD
     with pytest.raises(ConfigError, match=match):
         load_experiment(write(tmp_path, GOOD.replace(old, new, 1)))
+
+
+def test_cluster_faults_and_env_become_launch_options(tmp_path):
+    text = GOOD.replace("[1.0, 0.43]", "{speeds: [1.0, 0.43], delay_replies: '0.01:2', "
+                                       "fault_seed: 4}") + "env: {KVX_BIGARRAY_BOUND: 100}\n"
+    exp = load_experiment(write(tmp_path, text))
+    assert exp.clusters["mixed"] == [1.0, 0.43]
+    assert exp.launch_options("mixed") == ["--delay-replies", "0.01:2", "--fault-seed", "4",
+                                           "--env", "KVX_BIGARRAY_BOUND:100"]
 
 
 def test_bad_config_fails_the_script_cleanly(tmp_path):

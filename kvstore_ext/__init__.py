@@ -15,7 +15,7 @@ from .policies import dssp_extra_iterations, make_policy
 __version__ = "0.1.0"
 
 __all__ = ["create", "KVStoreError", "WorkerLostError", "STORE_TYPES", "StoreConfig",
-           "make_policy", "dssp_extra_iterations", "DistBSP", "DistASP", "DistSSP", "DistDSSP",
+           "make_policy", "dssp_extra_iterations", "DistBSP", "DistASP", "DistSSP", "DistDSSP", "DistPSP",
            "DistDCS3GD", "DistSSGD", "HOROVOD_STORE_TYPES"]
 
 
@@ -34,7 +34,7 @@ def create(name: str, **params):
 
 def __getattr__(name):
     # The store classes need mxnet; the scheduler and the policies do not.
-    if name in ("DistBSP", "DistASP", "DistSSP", "DistDSSP", "ParameterServerStore"):
+    if name in ("DistBSP", "DistASP", "DistSSP", "DistDSSP", "DistPSP", "ParameterServerStore"):
         from . import store
         return getattr(store, name)
     if name in ("DistDCS3GD", "DistSSGD", "delay_compensated"):

@@ -117,7 +117,7 @@ def parse_args(argv=None):
     g = p.add_argument_group("distributed training")
     g.add_argument("--kvstore", default="device",
                    help="device or local when run alone (default device); under scripts/launch.py "
-                        "dist_bsp, dist_asp, dist_ssp, dist_dssp (kvstore_ext), dist_dcs3gd or "
+                        "dist_bsp, dist_asp, dist_ssp, dist_dssp, dist_psp (kvstore_ext), dist_dcs3gd or "
                         "dist_ssgd (--launcher horovod), or MXNet's dist_sync / dist_async "
                         "(--backend mxnet); store parameters come from launch.py --kv-param")
     g.add_argument("--trainer", choices=["gluon", "batched"], default="gluon",

@@ -34,7 +34,7 @@ from gluon_trainers.straggler import Straggler  # noqa: E402
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kvstore", default="dist_bsp",
-                   help="kvstore type: dist_bsp, dist_asp, dist_ssp, dist_dssp (kvstore_ext) or "
+                   help="kvstore type: dist_bsp, dist_asp, dist_ssp, dist_dssp, dist_psp (kvstore_ext) or "
                         "MXNet's dist_sync, dist_async (launch with --backend mxnet), or local")
     p.add_argument("--model", choices=sorted(MODELS), default="lenet",
                    help="lenet, or alexnet_small: the DSSP paper's downsized AlexNet "

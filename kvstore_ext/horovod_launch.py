@@ -22,6 +22,7 @@ import sys
 import time
 
 from . import config as cfg
+from .horovod_params import MKLDNN_ENV
 from .launcher import Job, Node, parse_env_pairs, parse_kv_params, read_hostfile
 
 LOCALHOST = "localhost"
@@ -78,6 +79,10 @@ class HorovodJob(Job):
         a = self.args
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("DMLC_", "HOROVOD_")) and k not in cfg.IDENTITY_VARIABLES}
+        # MXNet's MKL-DNN layouts (blocked, sometimes padded) reach Horovod's allreduce from
+        # convolutions and break it (a failed check or a size mismatch between ranks): off,
+        # unless the job's options say otherwise
+        env.setdefault(MKLDNN_ENV, "0")
         env.update(parse_env_pairs(a.env))
         env.update(parse_env_pairs(a.env_worker))
         env.update(self.straggler_env)   # --worker-speed

@@ -31,3 +31,6 @@ HOROVOD_STORE_TYPES = {
     "dist_dcs3gd": (("lambda0",), dcs3gd_params),
     "dist_ssgd": ((), no_params),
 }
+
+#: MXNet's switch for MKL-DNN kernels; Horovod's allreduce cannot take their array layouts
+MKLDNN_ENV = "MXNET_MKLDNN_ENABLED"

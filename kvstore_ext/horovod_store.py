@@ -20,6 +20,7 @@ multiply the learning rate by the number of workers to compare with it.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -31,7 +32,7 @@ from mxnet.kvstore import KVStoreBase
 from . import config as cfg
 from .client import KVStoreError
 from .engine import SimulatedLink, probe
-from .horovod_params import HOROVOD_STORE_TYPES
+from .horovod_params import HOROVOD_STORE_TYPES, MKLDNN_ENV
 from .keys import as_list as _as_list, check_key as _check_key, pairs as _pairs
 from .metrics import WorkerMetrics, write_json
 from .overlap import OverlapMeter
@@ -42,6 +43,8 @@ SIM_COMM_ENV = "KVX_SIM_COMM_S"
 PROBES_ENV = "KVX_HVD_PROBE_EVERY"
 
 _TINY = 1e-20   # λ0·‖g‖ / 1e-20 stays finite for any ‖g‖ below 1e18
+
+log = logging.getLogger("kvstore_ext")
 
 
 def delay_compensated(grad, d, lambda0: float):
@@ -96,6 +99,10 @@ class HorovodStore(KVStoreBase):
         merged.update(params)
         config = cfg.StoreConfig.build(self.store_type, merged)
         self._type, self._params = config.type, config.params
+        if os.environ.get(MKLDNN_ENV, "1") != "0" and mx.runtime.Features().is_enabled("MKLDNN"):
+            log.warning("kvstore_ext %s: MXNet's MKL-DNN kernels are on; their array layouts "
+                        "break Horovod's allreduce for convolution layers. Start the workers with "
+                        "%s=0 (scripts/launch.py --launcher horovod does)", config.type, MKLDNN_ENV)
         self._hvd = _hvd()
         self._keys: dict = {}
         self._updater = None

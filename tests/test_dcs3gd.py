@@ -133,8 +133,9 @@ def test_identical_data_equals_single_process_momentum_sgd(run_hvd, jobs, tmp_pa
     common = ["--same-data", "--no-shuffle", "--max-steps", "15", "--lr", "0.05", "--momentum",
               "0.9", "--wd", "1e-3", "--batch-size", "32"]
     local = str(tmp_path / "local.params")
+    # the same kernels as the Horovod workers, which launch.py starts without MKL-DNN
     job = jobs([sys.executable, TRAIN, "--kvstore", "local", "--save-params", local, *common],
-               env={"OMP_NUM_THREADS": "1"})
+               env={"OMP_NUM_THREADS": "1", "MXNET_MKLDNN_ENABLED": "0"})
     assert job.wait(180) == 0, job.output[-3000:]
     ref = load_params(local)
     for store in ("dist_dcs3gd", "dist_ssgd"):

@@ -147,3 +147,19 @@ def test_resume_under_dist_bsp_continues_the_servers_optimizer(run_job, tmp_path
         b = read_json(str(tmp_path / f"resumed-{rank}.json"))["loss_curve"]
         assert len(a) == len(b) == 8
         np.testing.assert_allclose(np.array(b), np.array(a), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kvstore", ["dist_ssgd", "dist_dcs3gd"])
+def test_horovod_stores_train_a_convolutional_model(jobs, tmp_path, kvstore):
+    """Convolutions' MKL-DNN layouts must not reach Horovod's allreduce (it crashed on them)."""
+    out = str(tmp_path / "worker-{rank}.json")
+    job = jobs([sys.executable, os.path.join(ROOT, "scripts", "launch.py"), "-n", "2",
+                "--launcher", "horovod", sys.executable, TRAIN, "--kvstore", kvstore,
+                "--dataset", "synthetic", "--model", "cifar_resnet20_v1", "--classes", "10",
+                "--image-size", "32", "--batch-size", "8", "--train-size", "160",
+                "--test-size", "16", "--num-iterations", "6", "--out", out],
+               env={"OMP_NUM_THREADS": "1"})
+    assert job.wait(240) == 0, job.output[-3000:]
+    for rank in range(2):
+        result = read_json(out.replace("{rank}", str(rank)))
+        assert result["steps"] == 6 and result["kvstore_stats"]["type"] == kvstore

@@ -31,7 +31,8 @@ class WorkerLostError(KVStoreError):
 class Ticket:
     """One awaited reply, or the parts of one (``dist_psp`` answers block by block)."""
 
-    __slots__ = ("event", "header", "buffers", "error", "parts", "expected", "abandoned")
+    __slots__ = ("event", "header", "buffers", "error", "parts", "versions", "expected",
+                 "abandoned")
 
     def __init__(self):
         self.event = threading.Event()
@@ -39,11 +40,13 @@ class Ticket:
         self.buffers = None
         self.error: str | None = None
         self.parts: dict[int, object] = {}   # item index -> buffer, as parts arrive
+        self.versions: dict[int, int] = {}   # item index -> the block's version in its part
         self.expected = 0                     # how many items the request holds
         self.abandoned = False   # a partial pull went on without the rest: nobody waits for it
 
     def fulfil(self, header, buffers) -> None:
         if "part" in header:   # parts may come in any order (a late block comes last)
+            self.versions.update(zip(header["part"], header["versions"]))
             self.parts.update(zip(header["part"], buffers))
             if len(self.parts) < self.expected:
                 return
@@ -265,9 +268,9 @@ class Connection:
     def wait_parts(self, tickets: dict[int, Ticket], counts: dict[int, int], pull) -> dict:
         """Wait until ``pull.done(arrived, now)`` says enough blocks have come, or all have.
 
-        ``counts``: how many items each server's request holds.  Returns, per server, the
-        header and one buffer per item, None where that block has not arrived (it may come
-        later; it is then dropped).  ``pull.wake_at()`` tells when to look again unprompted.
+        ``counts``: how many items each server's request holds.  Returns, per server, a header
+        with the blocks' ``versions`` and one buffer per item, None where that block has not
+        arrived (it may come later; it is then dropped).  ``pull.wake_at()`` tells when to look again unprompted.
         """
         total = sum(counts.values())
         with self.progress:
@@ -285,7 +288,10 @@ class Connection:
         for server, ticket in tickets.items():
             ticket.abandoned = not ticket.event.is_set()   # its late parts will be dropped
             parts = dict(ticket.parts)   # a copy: more may arrive from the link thread
-            out[server] = (ticket.header, [parts.get(i) for i in range(counts[server])])
+            versions = dict(ticket.versions)
+            items = range(counts[server])
+            out[server] = ({"versions": [versions.get(i) for i in items]},
+                           [parts.get(i) for i in items])
         return out
 
     def drain(self) -> None:

@@ -453,9 +453,13 @@ DistSSP = _make_store_class("dist_ssp", "Stale synchronous parallel with stalene
 class DistPSP(ParameterServerStore):
     """Partial push and partial pull (PSP-SGD): see :mod:`kvstore_ext.policies.psp`.
 
-    Every pushed block is stamped with this worker's iteration for its key; a pull asks for
-    the blocks at a version >= that iteration and goes on with a fraction ``min_pull_fraction``
-    of them (then ``pull_timeout`` more seconds), the others keeping their values.
+    Every pushed block is stamped with the version of the block its gradient was computed
+    from (this worker's iteration for it, as long as every pull brought the block back), and
+    the pull that follows asks for the next version.  The worker goes on with a fraction
+    ``min_pull_fraction`` of the blocks (then ``pull_timeout`` more seconds); the others keep
+    their values and their versions, so their next gradients carry the old stamp and the servers
+    drop them if the block has moved on.  A stamp is never ahead of the server's version, so a
+    worker never waits for a round that its own, already summed, gradients were meant to fill.
     """
 
     store_type = "dist_psp"
@@ -465,21 +469,23 @@ class DistPSP(ParameterServerStore):
         p = self._config.params
         resolve_min_pushes(p["min_pushes"], self.num_workers)   # c > n: an error here, at once
         self._fraction, self._linger = p["min_pull_fraction"], p["pull_timeout"]
-        self._stamps: dict = {}   # key -> this worker's iteration for it (pushes so far)
+        self._seen: dict = {}     # (key, block) -> version of the block this worker holds
+        self._want: dict = {}     # (key, block) -> version a plain pull waits for after a push
         self.partial_pulls = 0    # pulls that went on without every block
         self.blocks_kept = 0      # blocks that kept their previous value
 
     def _plan(self, op: str, pairs):
-        plan = super()._plan(op, pairs)
-        keys = set()
+        plan = super()._plan(op, pairs)   # (waits for the gradients: their pulls have landed)
         for items, _, _ in plan.values():
             for item in items:
-                t = self._stamps.get(item[0], 0)
-                item += [-1, t] if op == "pull" else [t, t + 1]   # stamp, version wanted
-                keys.add(item[0])
-        if op != "pull":
-            for k in keys:
-                self._stamps[k] = self._stamps.get(k, 0) + 1
+                block = (item[0], item[1])
+                if op == "pull":
+                    item += [-1, self._want.pop(block, 0)]
+                else:
+                    stamp = self._seen.get(block, 0)
+                    item += [stamp, stamp + 1]          # stamp, version wanted
+                    if op == "push":
+                        self._want[block] = stamp + 1
         return plan
 
     def _await(self, op: str, tickets, plan) -> dict:
@@ -488,7 +494,13 @@ class DistPSP(ParameterServerStore):
         counts = {s: len(plan[s][0]) for s in tickets}
         pull = PartialPull(sum(counts.values()), self._fraction, self._linger)
         replies = self._conn.wait_parts(tickets, counts, pull)
-        missing = sum(buf is None for _, buffers in replies.values() for buf in buffers)
+        missing = 0
+        for server, (header, buffers) in replies.items():
+            for b, buf, version in zip(plan[server][2], buffers, header["versions"]):
+                if buf is None:
+                    missing += 1
+                else:
+                    self._seen[(b.key, b.index)] = version
         if missing:
             self.partial_pulls += 1
             self.blocks_kept += missing

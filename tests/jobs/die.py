@@ -21,6 +21,9 @@ try:
             os.kill(os.getpid(), signal.SIGKILL)
         kv.pushpull(0, mx.nd.ones((4,)), out=w)
         time.sleep(0.01)
+    # pushpull returns before its reply: a loss found after the last call surfaces here
+    w.wait_to_read()
+    kv.barrier()
 except kvstore_ext.WorkerLostError as exc:
     print(f"worker {kv.rank} stopped after {time.monotonic() - t0:.1f} s: {exc}", flush=True)
     sys.exit(4)

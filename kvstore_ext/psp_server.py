@@ -1,8 +1,8 @@
 """The server's side of ``dist_psp``: stamped pushes, versioned pulls, replies in parts.
 
 Each block's rounds are decided by :class:`~kvstore_ext.policies.psp.PartialPushPolicy`; this
-module moves the arrays.  A push item carries the worker's iteration (its stamp); a pull item
-asks for the block at a version >= t.  A request is answered in parts: the blocks that are ready
+module moves the arrays.  A push item carries its stamp (the version of the block its gradient
+was computed from); a pull item asks for the block at a version >= t.  A request is answered in parts: the blocks that are ready
 go out together, the rest as their rounds close (or as the fault plan lets them go), so that a
 worker can go on with a fraction b of them.  Every part lists the item indices it carries and
 the blocks' versions; the worker knows how many it asked for.

@@ -1,8 +1,8 @@
 """Partial push and partial pull (PSP-SGD): the server's rounds per block, the worker's wait.
 
-Server side (:class:`PartialPushPolicy`, one per block): the block is at version t.  A gradient
-stamped with the worker's iteration t' < t is late and dropped; any other is summed.  The round
-closes (the sum of the d gradients goes through the optimizer once, which is the linear scaling
+Server side (:class:`PartialPushPolicy`, one per block): the block is at version t.  A
+gradient stamped t' < t (the version it was computed from) is late and dropped; any other is
+summed.  The round closes (the sum of the d gradients goes through the optimizer once, which is the linear scaling
 rule: d·η·mean = η·sum) when c gradients have arrived and τ1 has passed since the c-th, or when
 every live worker has pushed.  With c = n this is exactly a BSP round.
 

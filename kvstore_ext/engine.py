@@ -114,20 +114,39 @@ def on_cpu(arrays) -> bool:
     return all(a.context.device_type == "cpu" for a in arrays)
 
 
+def run(fn, reads, writes, name: bytes = b"kvstore_ext") -> None:
+    """Run ``fn()`` in the engine once ``reads`` are ready and nothing else uses ``writes``.
+
+    Later readers and writers of ``writes`` wait for it; an array may not be in both lists.
+    """
+    job = _register(fn, [*reads, *writes])
+    check_call(_LIB.MXEnginePushSyncND(_RUN_SYNC, ctypes.c_void_p(job), None, ctypes.byref(_CPU),
+                                       _handles(reads), len(reads), _handles(writes), len(writes),
+                                       ctypes.byref(_CPU_PRIORITIZED), 0, ctypes.c_char_p(name)))
+
+
 def push(fn, mutable, name: bytes = b"kvstore_ext") -> None:
     """Run ``fn()`` in the engine once nothing else uses ``mutable``; readers of them wait for it."""
-    job = _register(fn, mutable)
-    check_call(_LIB.MXEnginePushSyncND(_RUN_SYNC, ctypes.c_void_p(job), None, ctypes.byref(_CPU),
-                                       None, 0, _handles(mutable), len(mutable),
-                                       ctypes.byref(_CPU_PRIORITIZED), 0, ctypes.c_char_p(name)))
+    run(fn, [], mutable, name)
 
 
 def probe(fn, arrays, name: bytes = b"kvx_probe") -> None:
     """Run ``fn()`` in the engine once ``arrays`` are ready; it only reads them."""
-    job = _register(fn, arrays)
-    check_call(_LIB.MXEnginePushSyncND(_RUN_SYNC, ctypes.c_void_p(job), None, ctypes.byref(_CPU),
-                                       _handles(arrays), len(arrays), None, 0,
-                                       ctypes.byref(_CPU_PRIORITIZED), 0, ctypes.c_char_p(name)))
+    run(fn, arrays, [], name)
+
+
+def host_view(array) -> np.ndarray:
+    """A numpy array on a CPU NDArray's memory, for use inside an engine operation that lists it.
+
+    The address is taken now, on the calling thread (see :class:`Destination`).
+    """
+    dtype = np.dtype(array.dtype)
+    if array.size == 0:
+        return np.empty(array.shape, dtype)
+    ptr = ctypes.c_void_p()
+    check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
+    memory = (ctypes.c_char * (array.size * dtype.itemsize)).from_address(ptr.value)
+    return np.frombuffer(memory, dtype=dtype).reshape(array.shape)
 
 
 class Destination:
@@ -139,23 +158,21 @@ class Destination:
     so for the very operation asking (a deadlock).
     """
 
-    __slots__ = ("array", "pointer", "size", "dtype")
+    __slots__ = ("array", "flat")
 
     def __init__(self, array):
-        ptr = ctypes.c_void_p()
-        check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
-        self.array, self.pointer = array, ptr.value
-        self.size, self.dtype = array.size, np.dtype(array.dtype)
+        self.array = array
+        self.flat = host_view(array).reshape(-1)
 
     def write(self, parts) -> None:
         """Copy in ``(start, stop, values)`` parts of the flattened array (the whole array, or
         the blocks that arrived); only inside an engine operation that lists it as written."""
         for start, stop, value in parts:
-            src = np.ascontiguousarray(value, dtype=self.dtype)
-            if src.size != stop - start or not 0 <= start <= stop <= self.size:
+            src = np.asarray(value).reshape(-1)
+            if src.size != stop - start or not 0 <= start <= stop <= self.flat.size:
                 raise ValueError(f"{src.size} values for elements [{start}, {stop}) of an array "
-                                 f"of {self.size}")
-            ctypes.memmove(self.pointer + start * self.dtype.itemsize, src.ctypes.data, src.nbytes)
+                                 f"of {self.flat.size}")
+            self.flat[start:stop] = src
 
 
 class SimulatedLink:

@@ -31,7 +31,7 @@ from mxnet.kvstore import KVStoreBase
 
 from . import config as cfg
 from .client import KVStoreError
-from .engine import SimulatedLink, probe
+from .engine import SimulatedLink, host_view, probe, run as run_in_engine
 from .horovod_params import HOROVOD_STORE_TYPES, MKLDNN_ENV
 from .keys import as_list as _as_list, check_key as _check_key, pairs as _pairs
 from .metrics import WorkerMetrics, write_json
@@ -65,6 +65,20 @@ def delay_compensated(grad, d, lambda0: float):
     return grad + mx.nd.broadcast_mul(h, lam.reshape((1,) * h.ndim))
 
 
+def delay_compensate_host(grad: np.ndarray, d: np.ndarray, lambda0: float) -> np.ndarray:
+    """:func:`delay_compensated` in numpy, in place: ``d`` (D in, g̃ out) is returned.
+
+    The CPU path: one engine operation per key instead of a dozen MXNet operations,
+    each with its own dispatch; no temporary arrays.
+    """
+    h = np.multiply(d, grad, out=d)
+    np.multiply(h, grad, out=h)
+    gf, hf = grad.reshape(-1), h.reshape(-1)
+    lam = lambda0 * float(np.dot(gf, gf)) ** 0.5 / max(float(np.dot(hf, hf)) ** 0.5, _TINY)
+    np.multiply(h, lam, out=h)
+    return np.add(h, grad, out=h)
+
+
 def _hvd():
     import horovod.mxnet as hvd
     if not hvd.is_initialized():
@@ -75,12 +89,16 @@ def _hvd():
 class _Key:
     """One parameter: the worker's weights and, for DC-S3GD, the update in flight."""
 
-    __slots__ = ("weight", "avg", "reduced", "step", "outs", "sim_s")
+    __slots__ = ("weight", "avg", "reduced", "pending", "corrected", "host", "step", "outs",
+                 "sim_s")
 
     def __init__(self, weight):
         self.weight = weight   # this worker's weights w_i
         self.avg = None        # DC-S3GD: the workers' average w̄ as of the last allreduce
         self.reduced = None    # the buffer Horovod reduces in place: Δw_i, then the mean of them
+        self.pending = False   # DC-S3GD: ``reduced`` holds a mean not yet added to ``avg``
+        self.corrected = None  # DC-S3GD, CPU path: the buffer of D, then of g̃
+        self.host = None       # DC-S3GD, CPU path: numpy views of weight, avg, reduced, corrected
         self.step = 0
         self.outs = []
         self.sim_s = 0.0
@@ -99,7 +117,10 @@ class HorovodStore(KVStoreBase):
         merged.update(params)
         config = cfg.StoreConfig.build(self.store_type, merged)
         self._type, self._params = config.type, config.params
-        if os.environ.get(MKLDNN_ENV, "1") != "0" and mx.runtime.Features().is_enabled("MKLDNN"):
+        # MKL-DNN arrays cannot be read in place (MXNet reorders them first, and waits)
+        self._mkldnn = (os.environ.get(MKLDNN_ENV, "1") != "0"
+                        and mx.runtime.Features().is_enabled("MKLDNN"))
+        if self._mkldnn:
             log.warning("kvstore_ext %s: MXNet's MKL-DNN kernels are on; their array layouts "
                         "break Horovod's allreduce for convolution layers. Start the workers with "
                         "%s=0 (scripts/launch.py --launcher horovod does)", config.type, MKLDNN_ENV)
@@ -358,25 +379,68 @@ class DCS3GDStore(HorovodStore):
 
     lag = 1
 
+    def __init__(self, **params):
+        super().__init__(**params)
+        # which path the key steps took: numpy in one engine operation (CPU arrays without
+        # MKL-DNN) or MXNet operations (GPU, MKL-DNN); in stats() as "key_steps_by_path"
+        self._key_steps = {"numpy": 0, "mxnet": 0}
+
+    def stats(self) -> dict:
+        data = super().stats()
+        data["worker"]["key_steps_by_path"] = dict(self._key_steps)
+        return data
+
     @property
     def lambda0(self) -> float:
         return self._params["lambda0"]
 
     def _step(self, k, st, g, priority) -> None:
-        if st.reduced is not None:
-            st.avg += st.reduced                # w̄ += Δ/N, the mean of the workers' last updates
-            if self.lambda0 > 0:
-                # D = Δ/N − Δw = w̄ − w: from this worker's weights to the workers' average
-                g = delay_compensated(g, st.avg - st.weight, self.lambda0)
+        if st.reduced is None:
+            st.reduced = mx.nd.zeros(st.weight.shape, st.weight.context, dtype=st.weight.dtype)
+        on_host = not self._mkldnn and st.weight.context.device_type == "cpu" \
+            and g.context.device_type == "cpu"
+        self._key_steps["numpy" if on_host else "mxnet"] += 1
+        if on_host:
+            g = self._catch_up_on_host(st, g)
+        else:
+            if st.pending:
+                st.avg += st.reduced            # w̄ += Δ/N, the mean of the workers' last updates
+                if self.lambda0 > 0:
+                    # D = Δ/N − Δw = w̄ − w: from this worker's weights to the workers' average
+                    g = delay_compensated(g, st.avg - st.weight, self.lambda0)
+            st.avg.copyto(st.weight)
         # w ← w + D + Δw is w̄ + Δw: U (MXNet's optimizer, in place) runs on the average weights.
         # Keeping w̄ itself (the same bits on every worker) stops rounding drift between workers.
-        st.avg.copyto(st.weight)
         self._updater(k, g, st.weight)
-        if st.reduced is None:
-            st.reduced = st.weight - st.avg
-        else:   # Δw = w − w̄ straight into the buffer the last mean was read from
-            mx.nd.elemwise_sub(st.weight, st.avg, out=st.reduced)
+        # Δw = w − w̄ straight into the buffer the last mean was read from
+        mx.nd.elemwise_sub(st.weight, st.avg, out=st.reduced)
+        st.pending = True
         self._allreduce(k, st, priority)
+
+    def _catch_up_on_host(self, st, g):
+        """The step up to U as one engine operation in numpy: w̄ += mean, g̃, w ← w̄.
+
+        Returns the gradient U must use (g̃ in ``st.corrected``, or g itself).
+        """
+        correct = st.pending and self.lambda0 > 0
+        if correct and st.corrected is None:
+            st.corrected = mx.nd.zeros(st.weight.shape, st.weight.context, dtype=st.weight.dtype)
+        if st.host is None or (correct and st.host[3] is None):
+            st.host = (host_view(st.weight), host_view(st.avg), host_view(st.reduced),
+                       host_view(st.corrected) if st.corrected is not None else None)
+        w, avg, mean, gc = st.host
+        grad, pending, lambda0 = host_view(g), st.pending, self.lambda0
+
+        def catch_up():
+            if pending:
+                np.add(avg, mean, out=avg)
+            if correct:
+                delay_compensate_host(grad, np.subtract(avg, w, out=gc), lambda0)
+            np.copyto(w, avg)
+
+        writes = [st.avg, st.weight] + ([st.corrected] if correct else [])
+        run_in_engine(catch_up, [g, st.reduced], writes, b"kvx_dcs3gd_catch_up")
+        return st.corrected if correct else g
 
     def sync_weights(self) -> None:
         """Move to the workers' average weights now (waits for the allreduce in flight).
@@ -385,10 +449,10 @@ class DCS3GDStore(HorovodStore):
         on from there.  Call it before evaluating or saving the model.
         """
         for st in self._keys.values():
-            if st.reduced is None:
+            if not st.pending:
                 continue
             st.avg += st.reduced
-            st.reduced = None
+            st.pending = False
             st.avg.copyto(st.weight)
             for o in st.outs:
                 if o is not st.weight:

@@ -40,20 +40,33 @@ def correct_np(g, d, lambda0):
     return g + lam * h
 
 
-def test_correction_matches_numpy():
+def _on_ndarrays(g, d, lambda0):
     from kvstore_ext.horovod_store import delay_compensated
+    return delay_compensated(mx.nd.array(g), mx.nd.array(d), lambda0).asnumpy()
+
+
+def _on_host(g, d, lambda0):
+    from kvstore_ext.horovod_store import delay_compensate_host
+    buf = d.copy()
+    out = delay_compensate_host(g, buf, lambda0)
+    assert out is buf      # in place: the CPU path allocates nothing per step
+    return out
+
+
+@pytest.mark.parametrize("correct", [_on_ndarrays, _on_host], ids=["ndarray", "host"])
+def test_correction_matches_numpy(correct):
     rng = np.random.RandomState(0)
     for shape in [(7,), (4, 3, 2)]:
         g = rng.normal(size=shape).astype(np.float32)
         d = (1e-3 * rng.normal(size=shape)).astype(np.float32)
         for lambda0 in (0.0, 0.2, 1.5):
-            got = delay_compensated(mx.nd.array(g), mx.nd.array(d), lambda0).asnumpy()
+            got = correct(g, d, lambda0)
             want = correct_np(g.astype(np.float64), d.astype(np.float64), lambda0)
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
             # the correction is λ0 times as long as the gradient
             assert np.linalg.norm(got - g) == pytest.approx(lambda0 * np.linalg.norm(g), rel=1e-4)
     g = rng.normal(size=(5,)).astype(np.float32)
-    zero = delay_compensated(mx.nd.array(g), mx.nd.zeros((5,)), 0.2).asnumpy()
+    zero = correct(g, np.zeros((5,), np.float32), 0.2)
     np.testing.assert_array_equal(zero, g)          # D = 0: λ = 0, nothing changes, no NaN
 
 
@@ -103,12 +116,16 @@ def assert_close(got, want, what):
     assert rel <= 1e-5, f"{what}: relative difference {rel}"
 
 
-@pytest.mark.parametrize("store,lambda0", [("dist_dcs3gd", 0.0), ("dist_dcs3gd", 0.2),
-                                           ("dist_ssgd", 0.0)])
-def test_steps_equal_the_algorithm(run_hvd, tmp_path, store, lambda0):
-    """λ0 = 0 is the plain algorithm; λ0 = 0.2 adds the correction; SSGD is mean-gradient SGD."""
+@pytest.mark.parametrize("store,lambda0,mkldnn", [("dist_dcs3gd", 0.0, "0"), ("dist_dcs3gd", 0.2, "0"),
+                                                  ("dist_dcs3gd", 0.2, "1"), ("dist_ssgd", 0.0, "0")],
+                         ids=["plain", "corrected", "corrected-ndarray-path", "ssgd"])
+def test_steps_equal_the_algorithm(run_hvd, tmp_path, store, lambda0, mkldnn):
+    """λ0 = 0 is the plain algorithm; λ0 = 0.2 adds the correction; SSGD is mean-gradient SGD.
+
+    With MKL-DNN on, DC-S3GD takes its MXNet-operations path instead of the numpy one.
+    """
     out = str(tmp_path / "w-{rank}.npz")
-    code, log = run_hvd([EXACT, store, str(lambda0), out])
+    code, log = run_hvd([EXACT, store, str(lambda0), out], env={"MXNET_MKLDNN_ENABLED": mkldnn})
     assert code == 0, log[-3000:]
     before, after = simulate_dcs3gd(lambda0) if store == "dist_dcs3gd" else simulate_ssgd()
     got = [np.load(out.replace("{rank}", str(r))) for r in range(2)]
@@ -116,6 +133,10 @@ def test_steps_equal_the_algorithm(run_hvd, tmp_path, store, lambda0):
         for k in ex.SHAPES:
             assert_close(got[r][f"before_{k}"], before[r][k], f"{store} λ0={lambda0} worker {r} key {k}")
             assert_close(got[r][f"after_{k}"], after[r][k], f"synced worker {r} key {k}")
+    if store == "dist_dcs3gd":   # every key step took the path asked for
+        path, other = ("mxnet", "numpy") if mkldnn == "1" else ("numpy", "mxnet")
+        assert int(got[0][f"path_{path}"]) == ex.STEPS * len(ex.SHAPES)
+        assert int(got[0][f"path_{other}"]) == 0
     for k in ex.SHAPES:   # after sync_weights the workers hold the same weights, bit for bit
         np.testing.assert_array_equal(got[0][f"after_{k}"], got[1][f"after_{k}"])
     if store == "dist_dcs3gd":   # the workers did drift apart before the sync

@@ -37,8 +37,10 @@ def main():
     before = {f"before_{k}": w.asnumpy() for k, w in weights.items()}
     kv.sync_weights()
     after = {f"after_{k}": w.asnumpy() for k, w in weights.items()}
-    np.savez(out.replace("{rank}", str(kv.rank)), **before, **after)
     stats = kv.stats()
+    paths = stats["worker"].get("key_steps_by_path", {})
+    np.savez(out.replace("{rank}", str(kv.rank)), **before, **after,
+             **{f"path_{p}": n for p, n in paths.items()})
     assert stats["worker"]["iterations"] == STEPS, stats
 
 

@@ -87,10 +87,8 @@ class Straggler:
 
     def stretch(self, compute: float) -> float:
         """Sleep so that an iteration of ``compute`` seconds takes ``compute / speed``."""
-        extra = compute * (1.0 / self.speed - 1.0)
-        if self.jitter:
-            extra = max(0.0, extra + compute / self.speed * self.rng.uniform(-self.jitter,
-                                                                             self.jitter))
+        draw = self.rng.uniform(-self.jitter, self.jitter) if self.jitter else 0.0
+        extra = cfg.stretched_time(compute, self.speed, draw) - compute
         if extra > 0:
             self._sleep(extra)
             self.slept += extra

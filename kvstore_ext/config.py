@@ -121,6 +121,16 @@ def parse_speeds(text: str, num_workers: int | None = None) -> list[float]:
     return speeds
 
 
+def stretched_time(compute: float, speed: float, jitter_draw: float = 0.0) -> float:
+    """How long an iteration of ``compute`` seconds takes on a worker of ``speed``.
+
+    ``compute / speed``, times ``1 + jitter_draw`` (a draw from ``[-jitter, jitter]``), but
+    never less than ``compute``: an emulated straggler can only sleep, not run faster.
+    The straggler emulation and the simulator both use this rule.
+    """
+    return max(compute, compute / speed * (1.0 + jitter_draw))
+
+
 def params_from_env() -> dict:
     """Store parameters given to the whole job by ``launch.py --kv-param`` (JSON)."""
     raw = os.environ.get(STORE_PARAMS, "").strip()

@@ -19,8 +19,9 @@ from .horovod_params import HOROVOD_STORE_TYPES
 
 TOP_KEYS = {"name", "description", "paper", "script", "args", "workers", "servers", "clusters",
             "trials", "targets", "paradigms", "timeout", "quick", "env"}
-#: a cluster is a list of worker speeds, or a mapping with the speeds and server fault injection
-CLUSTER_KEYS = {"speeds", "delay_replies", "slow_server", "fault_seed"}
+#: a cluster is a list of worker speeds, or a mapping with the speeds, their jitter (launch.py's
+#: --speed-jitter/--speed-seed) and server fault injection (--delay-replies, --slow-server, --fault-seed)
+CLUSTER_KEYS = {"speeds", "speed_jitter", "speed_seed", "delay_replies", "slow_server", "fault_seed"}
 PARADIGM_KEYS = {"name", "kvstore", "params", "backend"}
 NATIVE_TYPES = {"dist_sync", "dist_async", "dist_sync_device", "dist_async_device"}
 
@@ -62,13 +63,13 @@ class Experiment:
     timeout: float = 1800
     quick: dict = field(default_factory=dict)
     path: str = ""
-    faults: dict[str, dict] = field(default_factory=dict)   # cluster -> fault injection
+    cluster_options: dict[str, dict] = field(default_factory=dict)  # cluster -> jitter, faults
     env: dict = field(default_factory=dict)                 # variables for every process
 
     def launch_options(self, cluster: str) -> list[str]:
-        """launch.py options of a cluster besides the speeds: fault injection, environment."""
+        """launch.py options of a cluster besides the speeds: jitter, fault injection, environment."""
         opts = []
-        for key, value in sorted(self.faults.get(cluster, {}).items()):
+        for key, value in sorted(self.cluster_options.get(cluster, {}).items()):
             opts += [f"--{key.replace('_', '-')}", str(value)]
         for name, value in sorted(self.env.items()):
             opts += ["--env", f"{name}:{value}"]
@@ -125,10 +126,11 @@ def load_experiment(path: str) -> Experiment:
 
     clusters_raw = raw.get("clusters") or {"default": [1.0] * workers}
     _need(isinstance(clusters_raw, dict), where, "clusters must map a name to a list of speeds")
-    clusters, faults = {}, {}
+    clusters, cluster_options = {}, {}
     for name, speeds in clusters_raw.items():
         if isinstance(speeds, dict):
-            faults[str(name)] = _cluster_faults(speeds, f"{where}: clusters.{name}", servers)
+            cluster_options[str(name)] = _cluster_options(speeds, f"{where}: clusters.{name}",
+                                                          servers)
             speeds = speeds.get("speeds", 1.0)
         text = ",".join(str(s) for s in speeds) if isinstance(speeds, list) else str(speeds)
         try:
@@ -183,11 +185,11 @@ def load_experiment(path: str) -> Experiment:
                       targets=[float(t) for t in targets], paradigms=paradigms,
                       description=str(raw.get("description", "")), paper=str(raw.get("paper", "")),
                       timeout=float(raw.get("timeout", 1800)), quick=quick, path=path,
-                      faults=faults, env={k: str(v) for k, v in env.items()})
+                      cluster_options=cluster_options, env={k: str(v) for k, v in env.items()})
 
 
-def _cluster_faults(entry: dict, at: str, servers: int) -> dict:
-    """The fault injection of one cluster, checked as launch.py would check it."""
+def _cluster_options(entry: dict, at: str, servers: int) -> dict:
+    """A cluster's speed jitter and fault injection, checked as launch.py would check them."""
     from .faults import parse_delay_replies, parse_slow_server
     unknown = sorted(set(entry) - CLUSTER_KEYS)
     if unknown:
@@ -200,9 +202,13 @@ def _cluster_faults(entry: dict, at: str, servers: int) -> dict:
             parse_slow_server(str(out["slow_server"]), servers)
     except ValueError as exc:
         raise ConfigError(f"{at}: {exc}") from None
-    seed = out.get("fault_seed", 0)
-    _need(isinstance(seed, int) and not isinstance(seed, bool), at,
-          f"fault_seed must be an integer, got {seed!r}")
+    jitter = out.get("speed_jitter", 0.0)
+    _need(isinstance(jitter, (int, float)) and not isinstance(jitter, bool) and 0 <= jitter < 1,
+          at, f"speed_jitter must be a number in [0, 1), got {jitter!r}")
+    for key in ("fault_seed", "speed_seed"):
+        seed = out.get(key, 0)
+        _need(isinstance(seed, int) and not isinstance(seed, bool), at,
+              f"{key} must be an integer, got {seed!r}")
     return out
 
 

@@ -14,6 +14,7 @@ import heapq
 import random
 from dataclasses import dataclass, field
 
+from .config import stretched_time
 from .policies import make_policy
 
 
@@ -41,8 +42,9 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
              jitter: float = 0.0, seed: int = 0, latency: float = 0.0) -> SimResult:
     """Run virtual workers with the given speeds until ``horizon``.
 
-    A worker of speed ``v`` takes ``base_time / v`` per iteration (times a
-    uniform factor in ``[1 - jitter, 1 + jitter]``); ``latency`` is added
+    A worker of speed ``v`` takes ``base_time / v`` per iteration, times a uniform
+    factor in ``[1 - jitter, 1 + jitter]`` but never under ``base_time``, as the
+    straggler emulation does (:func:`config.stretched_time`); ``latency`` is added
     between an OK and the next iteration's start (the pull).
     """
     rng = random.Random(seed)
@@ -57,9 +59,8 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
 
     def start(worker: int, at: float) -> None:
         nonlocal seq
-        step = base_time / speeds[worker]
-        if jitter:
-            step *= rng.uniform(1 - jitter, 1 + jitter)
+        draw = rng.uniform(-jitter, jitter) if jitter else 0.0
+        step = stretched_time(base_time, speeds[worker], draw)
         seq += 1
         heapq.heappush(events, (at + latency + step, seq, worker))
 

@@ -81,6 +81,19 @@ def test_cluster_faults_and_env_become_launch_options(tmp_path):
                                            "--env", "KVX_BIGARRAY_BOUND:100"]
 
 
+def test_cluster_speed_jitter_becomes_launch_options(tmp_path):
+    text = GOOD.replace("[1.0, 0.43]", "{speeds: [1.0, 1.0], speed_jitter: 0.8, speed_seed: 3}")
+    exp = load_experiment(write(tmp_path, text))
+    assert exp.clusters["mixed"] == [1.0, 1.0]
+    assert exp.launch_options("mixed") == ["--speed-jitter", "0.8", "--speed-seed", "3"]
+    for bad, match in [("speed_jitter: 1.2", "speed_jitter must be a number in \\[0, 1\\), got 1.2"),
+                       ("speed_jitter: fast", "speed_jitter must be a number"),
+                       ("speed_seed: 0.5", "speed_seed must be an integer, got 0.5")]:
+        broken = GOOD.replace("[1.0, 0.43]", "{speeds: [1.0, 1.0], %s}" % bad)
+        with pytest.raises(ConfigError, match=match):
+            load_experiment(write(tmp_path, broken))
+
+
 def test_bad_config_fails_the_script_cleanly(tmp_path):
     path = write(tmp_path, GOOD.replace("targets: [0.9]", "targets: [0.9]\nepochz: 3"))
     proc = subprocess.run([sys.executable, REPRODUCE, path, "--dry-run"], capture_output=True,

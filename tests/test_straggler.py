@@ -78,3 +78,15 @@ def test_launcher_refuses_bad_speeds():
     args = build_parser().parse_args(["-n", "2", "--worker-speed", "1.0,2", "python", "x.py"])
     with pytest.raises(SystemExit, match="--worker-speed"):
         Job(args)
+
+
+def test_stretch_rule_is_shared_with_the_simulator():
+    from kvstore_ext.config import stretched_time
+    from kvstore_ext.simulate import simulate
+    assert stretched_time(1.0, 0.5) == 2.0
+    assert stretched_time(1.0, 0.5, 0.5) == 3.0
+    assert stretched_time(1.0, 1.0, -0.5) == 1.0      # a straggler can sleep, not run faster
+    # full-speed virtual workers with jitter never beat one iteration per time unit
+    result = simulate("dist_asp", {}, [1.0, 1.0], 200.0, jitter=0.9, seed=1)
+    assert all(n <= 200 for n in result.iterations.values())
+    assert sum(result.iterations.values()) > 200     # but the jitter does not stop them

@@ -88,8 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "iteration takes 1/v of its measured compute time. One value applies to "
                         "all. The training script applies it (gluon_trainers.Straggler)")
     p.add_argument("--speed-jitter", type=float, default=0.0,
-                   help="straggler emulation: each iteration's length varies uniformly by +- this "
-                        "fraction (default 0)")
+                   help="straggler emulation: each iteration's length is multiplied by a uniform "
+                        "factor in [1 - J, 1 + J], but never falls below the real compute time "
+                        "(default 0)")
     p.add_argument("--speed-seed", type=int, default=0,
                    help="seed of the jitter, so runs are reproducible (default 0)")
     p.add_argument("--delay-replies", type=str, metavar="FRACTION:SECONDS",

@@ -7,14 +7,16 @@ gives a store with explicit parameters (for example ``staleness=2``).
 """
 from __future__ import annotations
 
-from .client import KVStoreError, WorkerLostError
+from .errors import (JobAbortedError, KVStoreError, NodeLostError, SchedulerLostError,
+                     ServerLostError, WorkerLostError)
 from .config import STORE_TYPES, StoreConfig
 from .horovod_params import HOROVOD_STORE_TYPES
 from .policies import dssp_extra_iterations, make_policy
 
 __version__ = "0.1.0"
 
-__all__ = ["create", "KVStoreError", "WorkerLostError", "STORE_TYPES", "StoreConfig",
+__all__ = ["create", "KVStoreError", "NodeLostError", "WorkerLostError", "ServerLostError",
+           "SchedulerLostError", "JobAbortedError", "STORE_TYPES", "StoreConfig",
            "make_policy", "dssp_extra_iterations", "DistBSP", "DistASP", "DistSSP", "DistDSSP", "DistPSP",
            "DistDCS3GD", "DistSSGD", "HOROVOD_STORE_TYPES"]
 
@@ -50,6 +52,7 @@ def _register_with_mxnet() -> None:
         return   # those processes choose MXNet's engine before they import it
     if "mxnet" in sys.modules or _mxnet_importable():
         from . import store  # noqa: F401  (registers the dist_* stores)
+        from . import gluon_compat  # noqa: F401  (gluon.Trainer's async rule for our stores)
         if _horovod_importable():
             from . import horovod_store  # noqa: F401  (dist_dcs3gd, dist_ssgd; horovod loads on use)
 

@@ -1,10 +1,13 @@
 """A worker's link to its job: registration, requests to servers, heartbeats.
 
 The worker sends on one socket per server from its own thread and receives
-on another, owned by a background link thread.  That thread also sends the
-heartbeats and hears the scheduler's notices, so a reply can arrive (and a
-dead peer be noticed) while the training thread is busy computing: this is
-what lets a pushpull return at once and complete inside MXNet's engine.
+on another, owned by a background link thread.  That thread also hears the
+scheduler's notices and ZeroMQ's socket-monitor events, so a reply can arrive
+(and a dead peer be noticed) while the training thread is busy computing: this
+is what lets a pushpull return at once and complete inside MXNet's engine.
+
+What a worker has in flight is bounded: a request waits to be sent while the
+bytes of unanswered requests would pass the job's window (``--window-mb``).
 """
 from __future__ import annotations
 
@@ -15,30 +18,34 @@ import threading
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from .config import JobEnv, StoreConfig
-from .transport import AuthError, Codec, new_context
+from .errors import (JobAbortedError, KVStoreError, NodeLostError, SchedulerLostError,  # noqa: F401
+                     ServerLostError, WorkerLostError)
+from .transport import (AuthError, Codec, configure, message_size_problem, new_context,
+                        receive_until)
 
 
-class KVStoreError(RuntimeError):
-    """An error reported by the kvstore (a server, the scheduler, or the worker's own checks)."""
-
-
-class WorkerLostError(KVStoreError):
-    """A worker or server of the job died, or the scheduler is gone, and the job stops."""
+#: the ``kind`` of a server's error reply -> the exception the worker raises
+ERROR_KINDS = {"error": KVStoreError, "worker_lost": WorkerLostError,
+               "server_lost": ServerLostError, "scheduler_lost": SchedulerLostError,
+               "aborted": JobAbortedError}
 
 
 class Ticket:
     """One awaited reply, or the parts of one (``dist_psp`` answers block by block)."""
 
-    __slots__ = ("event", "header", "buffers", "error", "parts", "versions", "expected",
-                 "abandoned")
+    __slots__ = ("event", "header", "buffers", "error", "error_type", "parts", "versions",
+                 "expected", "abandoned", "nbytes")
 
-    def __init__(self):
+    def __init__(self, nbytes: int = 0):
         self.event = threading.Event()
         self.header = None
         self.buffers = None
         self.error: str | None = None
+        self.error_type: type = KVStoreError
+        self.nbytes = nbytes                  # request bytes it holds in the window
         self.parts: dict[int, object] = {}   # item index -> buffer, as parts arrive
         self.versions: dict[int, int] = {}   # item index -> the block's version in its part
         self.expected = 0                     # how many items the request holds
@@ -52,95 +59,121 @@ class Ticket:
                 return
         self.header, self.buffers = header, buffers
         if not header.get("ok"):
-            self.error = header.get("error", "the server refused the request")
+            self.error = str(header.get("error", "the server refused the request"))
+            self.error_type = ERROR_KINDS.get(header.get("kind"), KVStoreError)
         self.event.set()
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str, error_type: type = KVStoreError) -> None:
         if not self.event.is_set():
-            self.error = message
+            self.error, self.error_type = message, error_type
             self.event.set()
 
 
 class LinkThread(threading.Thread):
-    """Receives replies and scheduler notices, sends heartbeats."""
+    """Receives replies and scheduler notices, watches the connections, sends heartbeats."""
 
-    def __init__(self, conn: "Connection", hb_sock, rx_socks):
+    def __init__(self, conn: "Connection", hb_sock, rx_socks, monitors):
         super().__init__(name="kvstore_ext-link", daemon=True)
         self.conn, self.hb, self.rx = conn, hb_sock, rx_socks
-        self.last_ack = time.monotonic()
+        self.hb_in = conn.codec.inbox()
+        self.rx_in = [conn.codec.inbox() for _ in rx_socks]
+        self.monitors = monitors       # monitor socket -> (exception class, who it watches)
         self.stopping = threading.Event()
 
     def run(self) -> None:
         conn = self.conn
-        codec = conn.codec
-        beat = codec.seal({"op": "heartbeat", "role": "worker", "rank": conn.rank})
+        hb_out = conn.codec.outbox()
         poller = zmq.Poller()
-        poller.register(self.hb, zmq.POLLIN)
-        for sock in self.rx:
+        for sock in (self.hb, *self.rx, *self.monitors):
             poller.register(sock, zmq.POLLIN)
         interval = conn.env.heartbeat_interval
         next_beat = 0.0
         try:
             while not self.stopping.is_set():
                 now = time.monotonic()
-                if now >= next_beat:
-                    self.hb.send_multipart(beat)
+                if now >= next_beat:   # tells the scheduler where to send notices
+                    self.hb.send_multipart(conn.codec.seal(
+                        {"op": "heartbeat", "role": "worker", "rank": conn.rank},
+                        to="scheduler", outbox=hb_out))
                     next_beat = now + interval
                 events = dict(poller.poll(int(min(interval, 0.2) * 1000)))
-                for sock in self.rx:
+                for sock, inbox in zip(self.rx, self.rx_in):
                     if sock in events:
-                        self._drain_replies(sock)
+                        self._drain_replies(sock, inbox)
                 if self.hb in events:
                     self._drain_notices()
-                silent = time.monotonic() - self.last_ack
-                if silent > conn.env.heartbeat_timeout and not conn.failure:
-                    conn.set_failure(f"the scheduler at {conn.env.scheduler_address} has not "
-                                     f"answered for {silent:.0f} s")
+                for monitor, (error_type, who) in self.monitors.items():
+                    if monitor in events and self._disconnected(monitor) and not conn.failure:
+                        conn.set_failure(f"{who} closed its connection: it exited or was "
+                                         f"killed, or its host stopped answering for "
+                                         f"{conn.env.heartbeat_timeout:g} s; the job stops",
+                                         error_type)
         except zmq.ZMQError:
             pass
         finally:
-            self.hb.close(0)
-            for sock in self.rx:
+            for sock in (self.hb, *self.rx, *self.monitors):
                 sock.close(0)
 
-    def _messages(self, sock):
-        """The authenticated messages waiting on ``sock`` (others are dropped)."""
+    @staticmethod
+    def _disconnected(monitor) -> bool:
+        seen = False
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return seen
+            seen = seen or event["event"] == zmq.EVENT_DISCONNECTED
+
+    def _messages(self, sock, inbox):
+        """The authenticated messages waiting on ``sock`` (others are dropped and counted)."""
         while True:
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             try:
-                yield self.conn.codec.open(frames)
+                yield inbox.open(frames)
             except AuthError:
                 continue
 
-    def _drain_replies(self, sock) -> None:
-        tickets = self.conn.tickets
-        for header, buffers in self._messages(sock):
+    def _drain_replies(self, sock, inbox) -> None:
+        conn = self.conn
+        for header, buffers in self._messages(sock, inbox):
             seq = header.get("seq")
-            ticket = tickets.get(seq)
-            if ticket is not None:
+            ticket = conn.tickets.get(seq) if type(seq) is int else None
+            if ticket is None:
+                continue
+            try:
                 ticket.fulfil(header, buffers)
-                if ticket.event.is_set():
-                    tickets.pop(seq, None)
-                with self.conn.progress:
-                    self.conn.progress.notify_all()
+            except Exception as exc:   # a reply that does not fit its request
+                ticket.fail(f"malformed reply from a server: {exc}")
+            if ticket.event.is_set():
+                conn.finished(seq)
+            with conn.progress:
+                conn.progress.notify_all()
 
     def _drain_notices(self) -> None:
-        for header, _ in self._messages(self.hb):
-            self.last_ack = time.monotonic()
-            self.conn.notice(header)
+        for header, _ in self._messages(self.hb, self.hb_in):
+            try:
+                self.conn.notice(header)
+            except Exception:
+                pass
 
 
 class Connection:
     """Everything a worker process shares between its kvstore calls."""
 
-    def __init__(self, store: StoreConfig, env: JobEnv | None = None, start_timeout: float = 600.0):
+    def __init__(self, store: StoreConfig, env: JobEnv | None = None):
         self.env = env or JobEnv.from_environ("worker")
-        self.codec = Codec(self.env.secret)
+        self.limits = self.env.limits
+        start_timeout = self.env.start_timeout
+        self.node = f"node:{os.urandom(6).hex()}"
+        self.codec = Codec(self.env.secret, names={self.node})
+        self.sched_out, self.sched_in = self.codec.outbox(), self.codec.inbox()
         self.ctx = new_context()
-        self.sched = self.ctx.socket(zmq.DEALER)
+        self.sched = configure(self.ctx.socket(zmq.DEALER), self.limits)
+        monitors = {self.sched.get_monitor_socket(zmq.EVENT_DISCONNECTED):
+                    (SchedulerLostError, f"the scheduler at {self.env.scheduler_address}")}
         self.sched.connect(self.env.scheduler_address)
         self.seq = itertools.count(1)
         self.tickets: dict[int, Ticket] = {}
@@ -148,41 +181,52 @@ class Connection:
         self.send_lock = threading.Lock()
         self.closed = False
         self.failure: str | None = None
+        self.failure_type: type = KVStoreError
+        self.unreported: Exception | None = None   # an engine operation's error not raised yet
+        self.inflight = 0                           # bytes of requests not yet answered
         self.store = store
         self._register(store, start_timeout)
+        self.codec.names.add(f"worker:{self.rank}")
         self.tx, rx = [], []
+        self.tx_out = []
         self.rx_names = []
-        for addr in self.topology["servers"]:
-            sock = self.ctx.socket(zmq.DEALER)
+        for j, addr in enumerate(self.topology["servers"]):
+            sock = configure(self.ctx.socket(zmq.DEALER), self.limits)
+            monitors[sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)] = \
+                (ServerLostError, f"server {j} at {addr}")
             sock.connect(addr)
             self.tx.append(sock)
+            self.tx_out.append(self.codec.outbox())
             name = f"rx-{self.rank}-{os.getpid()}-{len(rx)}-{os.urandom(4).hex()}"
-            sock = self.ctx.socket(zmq.DEALER)
+            sock = configure(self.ctx.socket(zmq.DEALER), self.limits)
             sock.setsockopt(zmq.ROUTING_ID, name.encode())
             sock.connect(addr)
             rx.append(sock)
             self.rx_names.append(name)
         self._hello(rx, start_timeout)
-        hb = self.ctx.socket(zmq.DEALER)
+        hb = configure(self.ctx.socket(zmq.DEALER), self.limits)
         hb.connect(self.env.scheduler_address)
-        self.link = LinkThread(self, hb, rx)
+        self.link = LinkThread(self, hb, rx, monitors)
         self.link.start()
         atexit.register(self.close)
 
     def _register(self, store: StoreConfig, start_timeout: float) -> None:
         self.sched.send_multipart(self.codec.seal(
             {"op": "register", "role": "worker", "rank_hint": self.env.worker_rank,
-             "store": store.to_wire()}))
-        if not self.sched.poll(int(start_timeout * 1000)):
-            raise KVStoreError(f"the scheduler at {self.env.scheduler_address} did not start the "
-                               f"job within {start_timeout:.0f} s (are all "
-                               f"{self.env.num_workers} workers and {self.env.num_servers} "
-                               f"servers running?)")
-        header, _ = self.codec.open(self.sched.recv_multipart())
+             "store": store.to_wire(), "node": self.node}, to="scheduler", outbox=self.sched_out))
+        reply = receive_until(self.sched, self.sched_in, time.monotonic() + start_timeout)
+        if reply is None:
+            self.ctx.destroy(0)
+            self.closed = True
+            raise KVStoreError(f"the scheduler at {self.env.scheduler_address} did not start "
+                               f"the job within {start_timeout:g} s (launch.py --start-timeout; "
+                               f"are all {self.env.num_workers} workers and "
+                               f"{self.env.num_servers} servers running?)")
+        header = reply[0]
         if header["op"] == "abort":
             self.ctx.destroy(0)
             self.closed = True
-            raise KVStoreError(header["error"])
+            raise JobAbortedError(header["error"])
         self.topology = header
         self.rank = header["rank"]
         self.num_workers = header["num_workers"]
@@ -195,17 +239,19 @@ class Connection:
         for server, sock in enumerate(rx):
             # until the receiving socket's connection is up, the server drops replies to it:
             # say hello again until one comes back
-            msg = self.codec.seal({"op": "hello", "seq": 0, "worker": self.rank,
-                                   "reply_to": self.rx_names[server]})
             while True:
-                self.tx[server].send_multipart(msg)
+                self.tx[server].send_multipart(self.codec.seal(
+                    {"op": "hello", "seq": 0, "worker": self.rank,
+                     "reply_to": self.rx_names[server]},
+                    to=f"server:{server}", outbox=self.tx_out[server]))
                 if sock.poll(100):
                     break
                 if time.monotonic() > deadline:
-                    raise KVStoreError(f"server {server} at {self.topology['servers'][server]} "
-                                       f"did not answer within {timeout:.0f} s")
-            while sock.poll(50):       # extra answers to repeated hellos
-                self.codec.open(sock.recv_multipart())
+                    raise ServerLostError(f"server {server} at "
+                                          f"{self.topology['servers'][server]} did not answer "
+                                          f"within {timeout:g} s")
+            while sock.poll(50):       # extra answers to repeated hellos (dropped later if late)
+                sock.recv_multipart()
 
     # -- notices ------------------------------------------------------------------------------
     def notice(self, header: dict) -> None:
@@ -214,20 +260,35 @@ class Connection:
         if op == "ack":
             return
         if op == "abort":
-            self.set_failure(header["error"])
+            self.set_failure(str(header["error"]), JobAbortedError)
         elif op == "node_dead":
-            who = f"{header['role']} {header['rank']}"
-            if header["role"] == "server" or self.on_worker_death == "fail":
-                self.set_failure(f"{who} died ({header['reason']}); the job stops")
+            role = header["role"]
+            who = f"{role} {header['rank']}"
+            if role == "server" or self.on_worker_death == "fail":
+                self.set_failure(f"{who} died ({header['reason']}); the job stops",
+                                 ServerLostError if role == "server" else WorkerLostError)
 
-    def set_failure(self, message: str) -> None:
-        self.failure = message
+    def set_failure(self, message: str, error_type: type = KVStoreError) -> None:
+        if self.failure is None:
+            self.failure, self.failure_type = message, error_type
         for seq in list(self.tickets):
             ticket = self.tickets.pop(seq, None)
             if ticket is not None:
-                ticket.fail(message)
+                ticket.fail(self.failure, self.failure_type)
         with self.progress:
+            self.inflight = 0
             self.progress.notify_all()
+
+    def finished(self, seq: int) -> None:
+        """A request was answered: its bytes leave the window (called by the link thread)."""
+        ticket = self.tickets.pop(seq, None)
+        if ticket is not None and ticket.nbytes:
+            with self.progress:
+                self.inflight -= ticket.nbytes
+                self.progress.notify_all()
+
+    def raise_failure(self):
+        raise self.failure_type(self.failure)
 
     # -- requests -----------------------------------------------------------------------------
     def send(self, messages: dict[int, tuple[dict, list]]) -> dict[int, Ticket]:
@@ -235,22 +296,41 @@ class Connection:
         if self.closed:
             raise KVStoreError("this kvstore has been closed")
         if self.failure:
-            raise WorkerLostError(self.failure)
+            self.raise_failure()
+        for header, buffers in messages.values():
+            problem = message_size_problem(buffers, self.limits)
+            if problem:
+                raise KVStoreError(f"{header.get('op')}: {problem}")
         tickets = {}
         with self.send_lock:   # the training thread and MXNet's engine threads both send
             self._send_locked(messages, tickets)
         return tickets
 
+    def _wait_for_window(self, nbytes: int) -> None:
+        """Block while ``nbytes`` more would overfill the window (one request always fits)."""
+        with self.progress:
+            while self.inflight and self.inflight + nbytes > self.env.window_bytes:
+                if self.failure:
+                    self.raise_failure()
+                self.progress.wait(0.5)
+            self.inflight += nbytes
+
     def _send_locked(self, messages, tickets) -> None:
         for server, (header, buffers) in messages.items():
+            nbytes = sum(memoryview(b).nbytes for b in buffers)
+            self._wait_for_window(nbytes)
             seq = next(self.seq)
             header["seq"] = seq
             header["worker"] = self.rank
             header["reply_to"] = self.rx_names[server]
-            ticket = Ticket()
+            ticket = Ticket(nbytes)
             ticket.expected = len(header.get("items", ()))
             self.tickets[seq] = ticket
-            self.tx[server].send_multipart(self.codec.seal(header, buffers), copy=False)
+            if self.failure:   # set while we waited: the ticket would never be answered
+                self.finished(seq)
+                self.raise_failure()
+            self.tx[server].send_multipart(self.codec.seal(
+                header, buffers, to=f"server:{server}", outbox=self.tx_out[server]), copy=False)
             tickets[server] = ticket
 
     def wait(self, tickets: dict[int, Ticket]) -> dict[int, tuple[dict, list]]:
@@ -258,11 +338,10 @@ class Connection:
         for ticket in tickets.values():
             while not ticket.event.wait(0.5):
                 if self.failure:
-                    ticket.fail(self.failure)
-        errors = [t.error for t in tickets.values() if t.error]
-        if errors:
-            lost = self.failure is not None and errors[0] == self.failure
-            raise (WorkerLostError if lost or "died" in errors[0] else KVStoreError)(errors[0])
+                    ticket.fail(self.failure, self.failure_type)
+        failed = [t for t in tickets.values() if t.error]
+        if failed:
+            raise failed[0].error_type(failed[0].error)
         return {s: (t.header, t.buffers) for s, t in tickets.items()}
 
     def wait_parts(self, tickets: dict[int, Ticket], counts: dict[int, int], pull) -> dict:
@@ -299,7 +378,7 @@ class Connection:
         partial pulls that went on without it: that is dropped when it comes)."""
         while True:
             if self.failure:
-                raise WorkerLostError(self.failure)
+                self.raise_failure()
             # one C-level copy: safe while the link thread pops
             waiting = [t for t in list(self.tickets.values()) if not t.abandoned]
             if not waiting:
@@ -312,16 +391,19 @@ class Connection:
     def scheduler_call(self, header: dict, timeout: float | None = None) -> dict:
         """A request to the scheduler (barrier, finalize), answered with ``ok``."""
         header = {**header, "role": "worker", "rank": self.rank}
-        self.sched.send_multipart(self.codec.seal(header))
+        self.sched.send_multipart(self.codec.seal(header, to="scheduler", outbox=self.sched_out))
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self.sched.poll(200):
-                reply, _ = self.codec.open(self.sched.recv_multipart())
+                try:
+                    reply, _ = self.sched_in.open(self.sched.recv_multipart())
+                except AuthError:
+                    continue
                 if reply.get("op") == "ok":
                     return reply
                 self.notice(reply)
             if self.failure:
-                raise WorkerLostError(self.failure)
+                self.raise_failure()
             if deadline is not None and time.monotonic() > deadline:
                 raise KVStoreError(f"the scheduler did not answer {header['op']} "
                                    f"within {timeout:g} s")
@@ -347,6 +429,12 @@ class Connection:
                 mxnet.nd.waitall()
             except Exception:
                 pass
+            if self.unreported is not None:   # an asynchronous error nobody has seen: exit 1
+                import sys
+                sys.stdout.flush()
+                print(f"kvstore_ext: an asynchronous kvstore operation failed and no later call "
+                      f"reported it: {self.unreported}", file=sys.stderr, flush=True)
+                os._exit(1)
             self.link.stopping.set()
             self.link.join(timeout=2)
             self.ctx.destroy(0)

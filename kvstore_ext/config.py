@@ -27,6 +27,8 @@ STORE_PARAMS = "KVX_STORE_PARAMS"
 ON_WORKER_DEATH = "KVX_ON_WORKER_DEATH"
 HEARTBEAT_INTERVAL = "KVX_HEARTBEAT_INTERVAL"
 HEARTBEAT_TIMEOUT = "KVX_HEARTBEAT_TIMEOUT"
+START_TIMEOUT = "KVX_START_TIMEOUT"
+WINDOW_MB = "KVX_WINDOW_MB"
 METRICS_DIR = "KVX_METRICS_DIR"
 BIGARRAY_BOUND = "KVX_BIGARRAY_BOUND"
 WORKER_SPEED = "KVX_WORKER_SPEED"     # straggler emulation: speed of each worker, "1.0,0.43"
@@ -174,6 +176,13 @@ class JobEnv:
     heartbeat_timeout: float
     metrics_dir: str | None
     bigarray_bound: int
+    start_timeout: float = 600.0
+    window_bytes: int = 64 << 20
+
+    @property
+    def limits(self):
+        from .transport import Limits
+        return Limits.from_environ(self.heartbeat_interval, self.heartbeat_timeout, self.secret)
 
     @classmethod
     def from_environ(cls, role: str) -> "JobEnv":
@@ -210,6 +219,8 @@ class JobEnv:
             heartbeat_timeout=_env_float(HEARTBEAT_TIMEOUT, max(10.0, 5 * interval)),
             metrics_dir=env.get(METRICS_DIR) or None,
             bigarray_bound=int(env.get(BIGARRAY_BOUND, "1000000")),
+            start_timeout=_env_float(START_TIMEOUT, 600.0),
+            window_bytes=int(_env_float(WINDOW_MB, 64.0) * 2 ** 20),
         )
 
     @property

@@ -156,12 +156,19 @@ class Destination:
     asking for it inside the operation would make MXNet convert an array held in
     an MKL-DNN layout back to the default one, which waits for the engine, and
     so for the very operation asking (a deadlock).
+
+    It also waits for the array's pending writes first: a fresh array
+    (``mx.nd.zeros``) gets its memory only when the operation that fills it runs,
+    on an engine thread, and MXNet does not lock that allocation: asking for the
+    address at the same moment can allocate a second buffer, which the pulled
+    values then go to while the array keeps its zeros.
     """
 
     __slots__ = ("array", "flat")
 
     def __init__(self, array):
         self.array = array
+        array.wait_to_read()
         self.flat = host_view(array).reshape(-1)
 
     def write(self, parts) -> None:

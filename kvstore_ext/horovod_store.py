@@ -30,7 +30,7 @@ import numpy as np
 from mxnet.kvstore import KVStoreBase
 
 from . import config as cfg
-from .client import KVStoreError
+from .errors import KVStoreError
 from .engine import SimulatedLink, host_view, probe, run as run_in_engine
 from .horovod_params import HOROVOD_STORE_TYPES, MKLDNN_ENV
 from .keys import as_list as _as_list, check_key as _check_key, pairs as _pairs

@@ -79,9 +79,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="when a worker dies: 'fail' stops the job with a message naming it; "
                         "'continue' lets the others go on without it (default: fail)")
     p.add_argument("--heartbeat-interval", type=float, default=1.0,
-                   help="seconds between heartbeats to the scheduler (default 1)")
+                   help="seconds between ZeroMQ (ZMTP) heartbeats on every connection (default 1)")
     p.add_argument("--heartbeat-timeout", type=float, default=10.0,
-                   help="a node silent this long is declared dead (default 10 s)")
+                   help="a connection whose peer answers no heartbeat for this long is closed and "
+                        "the peer declared dead (a hung host or a cut network); a process that "
+                        "exits or is killed is noticed at once, and one busy computing, even "
+                        "holding Python's GIL, still answers (default 10 s)")
+    p.add_argument("--start-timeout", type=float, default=600.0,
+                   help="seconds every wait during start-up may take: all nodes registering "
+                        "with the scheduler, and every worker initialising a key (kv.init); the "
+                        "error names who is missing (default 600)")
+    p.add_argument("--window-mb", type=float, default=64.0,
+                   help="flow control: a worker sends no more requests while this many MB of "
+                        "its requests are unanswered (one request always goes), which bounds "
+                        "the memory of workers and servers whatever the push rate (default 64)")
+    p.add_argument("--curve", action="store_true",
+                   help="ZeroMQ CURVE security for untrusted networks: every connection is "
+                        "authenticated and encrypted with a key derived from the job secret, "
+                        "and a peer without it is refused during the handshake, before it can "
+                        "make a node hold any data. Costs much more CPU per byte than the "
+                        "default per-message tags (see docs/reliability.md)")
+    p.add_argument("--max-frame-mb", type=float, default=512.0,
+                   help="the largest array (message frame) any node accepts; ZeroMQ drops a "
+                        "connection that announces a larger one before reading it. Raise it for "
+                        "a key larger than this on one server (default 512)")
+    p.add_argument("--max-frames", type=int, default=4096,
+                   help="the most frames one message may have: about the most arrays of 64 KB "
+                        "or more that one call sends to one server (default 4096)")
     p.add_argument("--worker-speed", type=str, metavar="V0,V1,...",
                    help="straggler emulation: the speed of each worker in (0, 1], e.g. 1.0,0.43 "
                         "(a GTX 1080 Ti and a GTX 1060); a worker of speed v sleeps so that each "
@@ -274,7 +298,10 @@ class Job:
                     cfg.NUM_WORKER: str(a.num_workers), cfg.NUM_SERVER: str(self.num_servers),
                     cfg.ON_WORKER_DEATH: a.on_worker_death,
                     cfg.HEARTBEAT_INTERVAL: str(a.heartbeat_interval),
-                    cfg.HEARTBEAT_TIMEOUT: str(a.heartbeat_timeout)})
+                    cfg.HEARTBEAT_TIMEOUT: str(a.heartbeat_timeout),
+                    cfg.START_TIMEOUT: str(a.start_timeout), cfg.WINDOW_MB: str(a.window_mb),
+                    "KVX_MAX_FRAME_MB": str(a.max_frame_mb),
+                    "KVX_MAX_FRAMES": str(a.max_frames), "KVX_CURVE": "1" if a.curve else "0"})
         if self.launcher != "ssh":
             env[cfg.SECRET] = self.secret   # over ssh it travels on stdin, not argv
         if a.kv_param:

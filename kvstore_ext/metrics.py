@@ -3,7 +3,13 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import time
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 class Histogram:
@@ -61,6 +67,7 @@ class ServerMetrics:
             "updates": self.updates,
             "errors": self.errors,
             "rejected_unauthenticated": self.rejected_unauthenticated,
+            "peak_rss_mb": peak_rss_mb(),
             "staleness": {str(w): h.to_dict() for w, h in sorted(self.staleness.items())},
             "lead_at_ok": {str(w): h.to_dict() for w, h in sorted(self.lead_at_ok.items())},
             "max_lead_at_ok": {str(w): h.max for w, h in sorted(self.lead_at_ok.items())},
@@ -130,6 +137,7 @@ class WorkerMetrics:
             "wait_share": self.wait_time / max(1e-12, self.wait_time + self.compute_time),
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
+            "peak_rss_mb": peak_rss_mb(),
         }
 
 

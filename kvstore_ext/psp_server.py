@@ -58,7 +58,7 @@ class PartialSyncHandler:
         if header["op"] == "pushpull":
             self._wait(ident, header, worker, slots, items)
         else:
-            server.reply(ident, header["seq"])
+            server.reply(ident, header["seq"], worker=header["worker"])
         self._apply(closed)
 
     def op_pull(self, ident, header, buffers) -> None:
@@ -111,7 +111,7 @@ class PartialSyncHandler:
 
     def fail(self, message: str) -> None:
         for p in self.waiting:
-            self.server.reply_error(p.ident, p.seq, message)
+            self.server.reply_error(p.ident, p.seq, message, p.worker)
         self.waiting = []
 
     def to_dict(self) -> dict:

@@ -2,14 +2,18 @@
 
 It holds no parameters.  Nodes register with it; once all ``n`` workers and
 ``s`` servers are in, it hands out ranks and the addresses of the servers.
-Afterwards it watches heartbeats: a worker that goes silent for longer than the
-heartbeat timeout is declared dead and every node is told, so that nobody
-waits for it forever.  Run as ``python -m kvstore_ext.scheduler``; it prints
+Afterwards it watches the nodes' connections: ZeroMQ's socket monitor reports
+a connection that closes (a process that exits or is killed: at once) or that
+stops answering ZMTP heartbeats for the heartbeat timeout (a hung host); the
+node is declared dead and every node is told, so that nobody waits for it
+forever.  A node inside a long computation is not silent: ZeroMQ's I/O thread
+answers the heartbeats without Python.  Run as ``python -m kvstore_ext.scheduler``; it prints
 ``KVX_SCHEDULER_PORT=<port>`` once bound.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -18,7 +22,12 @@ import time
 import zmq
 
 from . import config as cfg
-from .transport import AuthError, Codec, new_context
+from zmq.utils.monitor import recv_monitor_message
+
+from .transport import AuthError, Codec, Limits, configure, new_context, recv_message
+
+ROLES = ("worker", "server")
+OPS = ("register", "heartbeat", "barrier", "finalize")
 
 log = logging.getLogger("kvstore_ext.scheduler")
 
@@ -26,16 +35,21 @@ log = logging.getLogger("kvstore_ext.scheduler")
 class Scheduler:
     def __init__(self, host: str, port: int, num_workers: int, num_servers: int, secret: bytes,
                  on_worker_death: str = "fail", heartbeat_timeout: float = 10.0,
-                 start_timeout: float = 600.0):
+                 start_timeout: float = 600.0, limits: Limits | None = None):
         self.num_workers = num_workers
         self.num_servers = num_servers
-        self.codec = Codec(secret)
+        self.codec = Codec(secret, names={"scheduler"})
+        self.outbox, self.inbox = self.codec.outbox(), self.codec.inbox()
         self.on_worker_death = on_worker_death
         self.heartbeat_timeout = heartbeat_timeout
         self.start_timeout = start_timeout
+        self.limits = limits or Limits(heartbeat_timeout=heartbeat_timeout)
         self.ctx = new_context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock = configure(self.ctx.socket(zmq.ROUTER), self.limits)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.fds: dict[int, tuple[str, int]] = {}   # connection -> the node it belongs to
+        self.malformed = 0
         if port:
             self.sock.bind(f"tcp://{host}:{port}")
             self.port = port
@@ -52,17 +66,18 @@ class Scheduler:
         self.exit_code = 0
 
     # -- messaging -------------------------------------------------------------------------
-    def send(self, ident: bytes, header: dict) -> None:
+    def send(self, ident: bytes, header: dict, to: str) -> None:
         try:
-            self.sock.send_multipart([ident, *self.codec.seal(header)])
+            self.sock.send_multipart([ident, *self.codec.seal(header, to=to,
+                                                                outbox=self.outbox)])
         except zmq.ZMQError:
             pass
 
     def broadcast(self, header: dict, roles=("worker", "server")) -> None:
-        for (role, _), node in self.nodes.items():
+        for (role, rank), node in self.nodes.items():
             if role in roles and node["state"] == "live":
                 # a worker listens for notices on the socket it sends heartbeats from
-                self.send(node.get("notify", node["ident"]), header)
+                self.send(node.get("notify", node["ident"]), header, f"{role}:{rank}")
 
     # -- main loop -------------------------------------------------------------------------
     def run(self) -> int:
@@ -70,68 +85,133 @@ class Scheduler:
         shutdown_at = None
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
         while True:
-            if dict(poller.poll(200)):
-                while True:
+            events = dict(poller.poll(200))
+            if self.sock in events:
+                for _ in range(1024):
                     try:
-                        frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                        frames = recv_message(self.sock, self.limits.max_frames)
                     except zmq.Again:
                         break
+                    except AuthError as exc:
+                        self.codec.rejected[exc.reason] += 1
+                        if self.codec.worth_logging(exc):
+                            log.warning("dropped a message: %s", exc)
+                        continue
                     self.handle(frames)
+            if self.monitor in events:
+                self.check_connections()
             now = time.monotonic()
             if not self.started:
                 if now - t0 > self.start_timeout:
-                    have = sum(1 for _, h in self.pending if h.get("role") == "worker")
-                    self.abort(f"only {have} of {self.num_workers} workers registered with the "
-                               f"scheduler within {self.start_timeout:.0f} s")
+                    self.abort(self.missing_at_start())
                     return 1
                 continue
-            self.check_heartbeats(now)
             workers_active = [k for k, n in self.nodes.items()
                               if k[0] == "worker" and n["state"] == "live"]
             if not workers_active and shutdown_at is None:
                 self.broadcast({"op": "shutdown"}, roles=("server",))
+                for (role, _), node in self.nodes.items():
+                    if role == "server" and node["state"] == "live":
+                        node["state"] = "left"   # their connections now close as they should
                 shutdown_at = now
             if shutdown_at is not None and now - shutdown_at > 0.5:
                 break
+        refused = {**self.codec.rejected, **({"malformed": self.malformed} if self.malformed else {})}
+        if refused:
+            log.warning("messages refused during the job: %s", json.dumps(refused, sort_keys=True))
         self.ctx.destroy(0)
         return self.exit_code
 
+    def missing_at_start(self) -> str:
+        workers = sum(1 for _, h in self.pending if h.get("role") == "worker")
+        servers = sum(1 for _, h in self.pending if h.get("role") == "server")
+        return (f"only {workers} of {self.num_workers} workers and {servers} of "
+                f"{self.num_servers} servers registered with the scheduler within "
+                f"{self.start_timeout:g} s (launch.py --start-timeout)")
+
     def handle(self, frames) -> None:
-        ident, rest = frames[0], frames[1:]
+        """One message; a bad one is dropped and counted, never fatal."""
+        ident, rest = frames[0].bytes, frames[1:]
         try:
-            header, _ = self.codec.open(rest)
+            header, _ = self.codec.open(rest, self.inbox)
         except AuthError as exc:
-            log.warning("dropped a message that failed authentication: %s", exc)
+            if self.codec.worth_logging(exc):
+                log.warning("dropped a message: %s (%d so far)", exc,
+                            self.codec.rejected[exc.reason])
             return
-        op = header.get("op")
-        key = (header.get("role"), header.get("rank"))
-        if key in self.nodes:
-            self.nodes[key]["last_seen"] = time.monotonic()
+        try:
+            self.dispatch(ident, header, frames[0].get(zmq.SRCFD))
+        except Exception as exc:   # a malformed header from a holder of the secret
+            self.malformed += 1
+            if self.malformed <= 5 or self.malformed % 1000 == 0:
+                log.warning("dropped a malformed %r message (%d so far): %s: %s",
+                            str(header.get("op"))[:40], self.malformed, type(exc).__name__, exc)
+
+    def dispatch(self, ident: bytes, header: dict, fd: int) -> None:
+        op, role, rank = header.get("op"), header.get("role"), header.get("rank")
+        if op not in OPS or role not in ROLES:
+            raise ValueError(f"unknown op {op!r} or role {role!r}")
         if op == "register":
-            self.register(ident, header)
-        elif op == "heartbeat":
-            if key in self.nodes:
-                self.nodes[key]["notify"] = ident
-            self.send(ident, {"op": "ack", "failure": self.failure})
-        elif op == "barrier":
-            self.barrier_waiting.append((ident, header["rank"]))
+            self.register(ident, header, fd)
+            return
+        count = self.num_workers if role == "worker" else self.num_servers
+        if type(rank) is not int or not 0 <= rank < count:
+            raise ValueError(f"rank {rank!r} is not a {role} rank of this job")
+        key = (role, rank)
+        node = self.nodes.get(key)
+        if node is None:
+            raise ValueError(f"{role} {rank} has not registered")
+        node["last_seen"] = time.monotonic()
+        if fd is not None and fd >= 0 and node["state"] == "live":
+            self.fds[fd] = key
+        to = f"{role}:{rank}"
+        if op == "heartbeat":
+            node["notify"] = ident
+            self.send(ident, {"op": "ack", "failure": self.failure}, to)
+        elif op == "barrier" and role == "worker":
+            self.barrier_waiting.append((ident, rank))
             self.maybe_release_barrier()
-        elif op == "finalize":
-            self.leave(("worker", header["rank"]), "finished")
-            self.send(ident, {"op": "ok"})
-        else:
-            log.warning("unknown scheduler op %r", op)
+        elif op == "finalize" and role == "worker":
+            self.leave(key, "finished")
+            self.send(ident, {"op": "ok"}, to)
+
+    def check_connections(self) -> None:
+        """Connections that closed or timed out (ZeroMQ's socket monitor): their node is dead,
+        unless it has left the job properly."""
+        while True:
+            try:
+                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] != zmq.EVENT_DISCONNECTED:
+                continue
+            key = self.fds.pop(event["value"], None)
+            node = self.nodes.get(key)
+            if node is None or node["state"] != "live":
+                continue
+            self.declare_dead(key, "its connection to the scheduler closed: the process "
+                                   "exited or was killed, or its host stopped answering for "
+                                   f"{self.heartbeat_timeout:g} s")
 
     # -- rendezvous ------------------------------------------------------------------------
-    def register(self, ident: bytes, header: dict) -> None:
+    def register(self, ident: bytes, header: dict, fd) -> None:
+        node = header.get("node")
+        if not isinstance(node, str) or len(node) > 80:
+            raise ValueError("register without a node name")
+        header["_fd"] = fd
         if self.started:
             self.send(ident, {"op": "abort", "error": "the job has already started; "
-                              "late nodes cannot join"})
+                              "late nodes cannot join"}, node)
             return
         if header.get("role") == "worker":
             store = header.get("store")
             who = header.get("rank_hint")
+            if who is not None and type(who) is not int:
+                raise ValueError(f"rank_hint {who!r} is not an integer")
+            if not isinstance(store, dict):
+                raise ValueError("register without a store")
             who = f"worker {who}" if who is not None else "a worker"
             if self.store is None:
                 self.store, self.store_from = store, who
@@ -147,6 +227,10 @@ class Scheduler:
             self.start(workers, servers)
 
     def start(self, workers, servers) -> None:
+        if any(not isinstance(h.get("host"), str) or type(h.get("port")) is not int
+               for _, h in servers):
+            self.abort("a server registered without a host and port")
+            return
         hints = [h.get("rank_hint") for _, h in workers]
         given = [r for r in hints if r is not None]
         bad = [r for r in given if not 0 <= r < self.num_workers]
@@ -164,21 +248,27 @@ class Scheduler:
         common = {"op": "topology", "num_workers": self.num_workers,
                   "num_servers": self.num_servers, "servers": server_addrs,
                   "store": self.store, "on_worker_death": self.on_worker_death}
-        for j, (ident, _) in enumerate(servers):
+        for j, (ident, h) in enumerate(servers):
             self.nodes[("server", j)] = {"ident": ident, "state": "live", "last_seen": now}
-            self.send(ident, {**common, "rank": j})
-        for rank, (ident, _) in zip(ranks, workers):
+            self._watch(h["_fd"], ("server", j))
+            self.send(ident, {**common, "rank": j}, h["node"])
+        for rank, (ident, h) in zip(ranks, workers):
             self.nodes[("worker", rank)] = {"ident": ident, "state": "live", "last_seen": now}
-            self.send(ident, {**common, "rank": rank})
+            self._watch(h["_fd"], ("worker", rank))
+            self.send(ident, {**common, "rank": rank}, h["node"])
         self.pending = []
         self.started = True
         log.info("job started: %d workers, %d servers, %s", self.num_workers, self.num_servers,
                  describe(self.store))
 
+    def _watch(self, fd, key) -> None:
+        if fd is not None and fd >= 0:
+            self.fds[fd] = key
+
     def abort(self, message: str) -> None:
         log.error("%s", message)
-        for ident, _ in self.pending:
-            self.send(ident, {"op": "abort", "error": message})
+        for ident, h in self.pending:
+            self.send(ident, {"op": "abort", "error": message}, h["node"])
         self.broadcast({"op": "abort", "error": message})
         self.failure = message
         self.exit_code = 1
@@ -188,21 +278,18 @@ class Scheduler:
                 node["state"] = "left"
 
     # -- membership ------------------------------------------------------------------------
-    def check_heartbeats(self, now: float) -> None:
-        for (role, rank), node in list(self.nodes.items()):
-            if node["state"] != "live" or now - node["last_seen"] <= self.heartbeat_timeout:
-                continue
-            reason = f"no heartbeat for {self.heartbeat_timeout:g} s"
-            node["state"] = "dead"
-            log.error("%s %d is dead (%s)", role, rank, reason)
-            notice = {"op": "node_dead", "role": role, "rank": rank, "reason": reason}
-            if role == "server" or self.on_worker_death == "fail":
-                self.failure = f"{role} {rank} died ({reason})"
-                self.exit_code = 1
-            self.broadcast(notice)
-            if role == "server":
-                self.abort(f"server {rank} died ({reason}); the job stops")
-            self.maybe_release_barrier()
+    def declare_dead(self, key, reason: str) -> None:
+        role, rank = key
+        self.nodes[key]["state"] = "dead"
+        log.error("%s %d is dead (%s)", role, rank, reason)
+        notice = {"op": "node_dead", "role": role, "rank": rank, "reason": reason}
+        if role == "server" or self.on_worker_death == "fail":
+            self.failure = f"{role} {rank} died ({reason})"
+            self.exit_code = 1
+        self.broadcast(notice)
+        if role == "server":
+            self.abort(f"server {rank} died ({reason}); the job stops")
+        self.maybe_release_barrier()
 
     def leave(self, key, why: str) -> None:
         node = self.nodes.get(key)
@@ -216,8 +303,8 @@ class Scheduler:
         live = {r for (role, r), n in self.nodes.items() if role == "worker" and n["state"] == "live"}
         arrived = {r for _, r in self.barrier_waiting}
         if self.barrier_waiting and live <= arrived:
-            for ident, _ in self.barrier_waiting:
-                self.send(ident, {"op": "ok"})
+            for ident, rank in self.barrier_waiting:
+                self.send(ident, {"op": "ok"}, f"worker:{rank}")
             self.barrier_waiting = []
 
 
@@ -234,8 +321,10 @@ def main(argv=None) -> int:
                         help="address to bind (default: $KVX_SCHEDULER_HOST or 127.0.0.1)")
     parser.add_argument("--port", type=int, default=int(os.environ.get(cfg.SCHEDULER_PORT, "0")),
                         help="port to bind; 0 picks a free one (default: $KVX_SCHEDULER_PORT or 0)")
-    parser.add_argument("--start-timeout", type=float, default=600.0,
-                        help="seconds to wait for every node to register (default 600)")
+    parser.add_argument("--start-timeout", type=float,
+                        default=float(os.environ.get(cfg.START_TIMEOUT) or 600.0),
+                        help="seconds to wait for every node to register (default: "
+                             "$KVX_START_TIMEOUT or 600)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[kvstore_ext scheduler] %(message)s")
     env = os.environ
@@ -248,10 +337,11 @@ def main(argv=None) -> int:
               f"be set ({exc})", file=sys.stderr)
         return 2
     interval = float(env.get(cfg.HEARTBEAT_INTERVAL) or 1.0)
+    timeout = float(env.get(cfg.HEARTBEAT_TIMEOUT) or max(10.0, 5 * interval))
     sched = Scheduler(args.host, args.port, num_workers, num_servers, secret,
                       on_worker_death=env.get(cfg.ON_WORKER_DEATH, "fail"),
-                      heartbeat_timeout=float(env.get(cfg.HEARTBEAT_TIMEOUT) or max(10.0, 5 * interval)),
-                      start_timeout=args.start_timeout)
+                      heartbeat_timeout=timeout, start_timeout=args.start_timeout,
+                      limits=Limits.from_environ(interval, timeout, secret))
     print(f"{cfg.SCHEDULER_PORT}={sched.port}", flush=True)
     return sched.run()
 

@@ -26,7 +26,11 @@ from .metrics import ServerMetrics, write_json
 from .policies import make_policy
 from .policies.psp import resolve_min_pushes
 from .psp_server import PartialSyncHandler, make_psp_policy
-from .transport import AuthError, Codec, array_from_buffer, bind_random, new_context
+from zmq.utils.monitor import recv_monitor_message
+
+from .protocol import check_request
+from .transport import (AuthError, Codec, array_from_buffer, bind_random, configure,
+                        new_context, receive_until, recv_message)
 
 log = logging.getLogger("kvstore_ext.server")
 
@@ -99,20 +103,39 @@ class Pending:
         self.slots, self.outstanding, self.with_values = slots, len(slots), with_values
 
 
+class InitWait:
+    """An init request waiting for the other workers (or for worker 0's values)."""
+
+    __slots__ = ("ident", "seq", "worker", "blocks", "deadline")
+
+    def __init__(self, ident, seq, worker, blocks, deadline):
+        self.ident, self.seq, self.worker = ident, seq, worker
+        self.blocks, self.deadline = blocks, deadline
+
+
 class Server:
     def __init__(self, env: cfg.JobEnv, start_timeout: float = 600.0):
         self.env = env
-        self.codec = Codec(env.secret)
+        self.limits = env.limits
+        self.node = f"node:{os.urandom(6).hex()}"
+        self.codec = Codec(env.secret, names={self.node})
+        self.router_out, self.router_in = self.codec.outbox(), self.codec.inbox()
+        self.sched_out, self.sched_in = self.codec.outbox(), self.codec.inbox()
+        self.malformed = 0
         self.ctx = new_context()
-        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router = configure(self.ctx.socket(zmq.ROUTER), self.limits)
         self.port = bind_random(self.router, env.node_host)
-        self.sched = self.ctx.socket(zmq.DEALER)
+        self.sched = configure(self.ctx.socket(zmq.DEALER), self.limits)
+        # the scheduler's connection closing means it is gone: ZeroMQ tells at once
+        self.sched_monitor = self.sched.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.sched.connect(env.scheduler_address)
         self.slots: dict[tuple, Slot] = {}
-        self.init_waiting: list[tuple] = []
+        self.init_waiting: list[InitWait] = []
+        self.init_seen: dict[tuple, set] = {}   # (key, block) -> workers that initialised it
         self.updater = None
         self.optimizer_blob: bytes | None = None
         self.failure: str | None = None
+        self.failure_kind = "error"
         self.running = True
         self.ops = {"init": self.op_init, "push": self.op_push, "pushpull": self.op_push,
                     "pull": self.op_pull, "set_optimizer": self.op_set_optimizer,
@@ -120,7 +143,7 @@ class Server:
                     "stats": self.op_stats, "hello": self.op_hello}
         self.timers: list = []            # (due, n, callback): round deadlines, late replies
         self._timer_ids = itertools.count()
-        self._register(start_timeout)
+        self._register(env.start_timeout)
         self.metrics = ServerMetrics(self.rank)
         self.faults = FaultPlan.from_env(self.rank)
         self.psp = None
@@ -139,14 +162,17 @@ class Server:
     # -- rendezvous --------------------------------------------------------------------------
     def _register(self, start_timeout: float) -> None:
         self.sched.send_multipart(self.codec.seal(
-            {"op": "register", "role": "server", "host": self.env.node_host, "port": self.port}))
-        if not self.sched.poll(int(start_timeout * 1000)):
-            raise RuntimeError(f"the scheduler at {self.env.scheduler_address} did not answer "
-                               f"within {start_timeout:.0f} s")
-        header, _ = self.codec.open(self.sched.recv_multipart())
+            {"op": "register", "role": "server", "host": self.env.node_host, "port": self.port,
+             "node": self.node}, to="scheduler", outbox=self.sched_out))
+        reply = receive_until(self.sched, self.sched_in, time.monotonic() + start_timeout)
+        if reply is None:
+            raise RuntimeError(f"the scheduler at {self.env.scheduler_address} did not start "
+                               f"the job within {start_timeout:g} s (launch.py --start-timeout)")
+        header = reply[0]
         if header["op"] == "abort":
             raise RuntimeError(header["error"])
         self.rank = header["rank"]
+        self.codec.names.add(f"server:{self.rank}")
         self.num_workers = header["num_workers"]
         self.members = set(range(self.num_workers))
         store = header["store"]
@@ -157,16 +183,24 @@ class Server:
                  self.env.node_host, self.port)
 
     # -- replies -----------------------------------------------------------------------------
-    def reply(self, ident, seq, extra=None, buffers=()) -> None:
+    def send_to(self, ident, worker: int, header: dict, buffers=()) -> None:
+        """Seal and send now (sealing at the moment of sending keeps each session's counters
+        in order, also for replies the fault plan holds back)."""
+        frames = self.codec.seal(header, buffers, to=f"worker:{worker}", outbox=self.router_out)
+        self.router.send_multipart([ident, *frames], copy=False)
+
+    def reply(self, ident, seq, extra=None, buffers=(), *, worker: int) -> None:
         header = {"op": "reply", "seq": seq, "ok": True}
         if extra:
             header.update(extra)
-        self.router.send_multipart([ident, *self.codec.seal(header, buffers)], copy=False)
+        self.send_to(ident, worker, header, buffers)
 
-    def reply_error(self, ident, seq, message: str) -> None:
+    def reply_error(self, ident, seq, message: str, worker: int) -> None:
         self.metrics.errors += 1
-        self.router.send_multipart([ident, *self.codec.seal(
-            {"op": "reply", "seq": seq, "ok": False, "error": message})])
+        kind = self.failure_kind if self.failure is not None and message == self.failure \
+            else "error"
+        self.send_to(ident, worker, {"op": "reply", "seq": seq, "ok": False, "error": message,
+                                     "kind": kind})
 
     def reply_values(self, p: Pending) -> None:
         values = []
@@ -175,7 +209,7 @@ class Server:
             slot.pulled[p.worker] = slot.version
         # one reply carries every block: it is as late as its latest block
         late = max(self._lateness(len(values)), default=0.0)
-        self._send_later(p.ident, {"op": "reply", "seq": p.seq, "ok": True}, values, late)
+        self._send_later(p, {"op": "reply", "seq": p.seq, "ok": True}, values, late)
 
     def send_part(self, p, indices) -> None:
         """Some blocks of a partial pull (``dist_psp``), with their versions; a block the fault
@@ -189,7 +223,7 @@ class Server:
                 slot.pulled[p.worker] = slot.version
             header = {"op": "reply", "seq": p.seq, "ok": True, "part": group,
                       "versions": [s.version for s in slots]}
-            self._send_later(p.ident, header, [s.value() for s in slots], late)
+            self._send_later(p, header, [s.value() for s in slots], late)
 
     def _lateness(self, blocks: int) -> list[float]:
         """Seconds the fault plan holds back each of ``blocks`` block replies (0: on time)."""
@@ -197,12 +231,12 @@ class Server:
             return [0.0] * blocks
         return [self.faults.delay() for _ in range(blocks)]
 
-    def _send_later(self, ident, header, values, late: float) -> None:
-        frames = [ident, *self.codec.seal(header, values)]
+    def _send_later(self, p, header, values, late: float) -> None:
         if late > 0:   # the loop serves others meanwhile (a cached value is replaced, not changed)
-            self.at(time.monotonic() + late, lambda: self.router.send_multipart(frames, copy=False))
+            self.at(time.monotonic() + late,
+                    lambda: self.send_to(p.ident, p.worker, header, values))
         else:
-            self.router.send_multipart(frames, copy=False)
+            self.send_to(p.ident, p.worker, header, values)
 
     def at(self, due: float, callback) -> None:
         """Run ``callback`` from the event loop once the monotonic clock reaches ``due``."""
@@ -220,17 +254,23 @@ class Server:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.sched, zmq.POLLIN)
-        interval = self.env.heartbeat_interval
-        next_beat = 0.0
+        poller.register(self.sched_monitor, zmq.POLLIN)
         while self.running:
             until_timer = self._run_timers()
-            events = dict(poller.poll(max(0, min(int(interval * 500), int(until_timer * 1000) + 1))))
+            events = dict(poller.poll(max(0, min(500, int(until_timer * 1000) + 1))))
             if self.router in events:
                 for _ in range(256):
                     try:
-                        frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+                        frames = recv_message(self.router, self.limits.max_frames)
                     except zmq.Again:
                         break
+                    except AuthError as exc:
+                        self.codec.rejected[exc.reason] += 1
+                        if exc.reason == "unauthenticated":
+                            self.metrics.rejected_unauthenticated += 1
+                        if self.codec.worth_logging(exc):
+                            log.warning("server %d rejected a message: %s", self.rank, exc)
+                        continue
                     self.handle(frames)
             if self.sched in events:
                 while self.running:
@@ -239,19 +279,25 @@ class Server:
                     except zmq.Again:
                         break
                     self.handle_scheduler(frames)
-            now = time.monotonic()
-            if now >= next_beat:
-                self.sched.send_multipart(self.codec.seal(
-                    {"op": "heartbeat", "role": "server", "rank": self.rank}))
-                next_beat = now + interval
-            if now - self.last_ack > self.env.heartbeat_timeout:
-                log.error("server %d: the scheduler has not answered for %.0f s; stopping",
-                          self.rank, now - self.last_ack)
-                self.fail("the scheduler is unreachable")
+            if self.running and self.sched_monitor in events and self._scheduler_gone():
+                log.error("server %d: the scheduler at %s closed its connection; stopping",
+                          self.rank, self.env.scheduler_address)
+                self.fail(kind="scheduler_lost", message=f"the scheduler at "
+                          f"{self.env.scheduler_address} is gone (its "
+                          f"connection closed); the job stops")
                 self.finish()
                 return 1
         self.finish()
         return 0
+
+    def _scheduler_gone(self) -> bool:
+        gone = False
+        while True:
+            try:
+                event = recv_monitor_message(self.sched_monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return gone
+            gone = gone or event["event"] == zmq.EVENT_DISCONNECTED
 
     def finish(self) -> None:
         if self.env.metrics_dir:
@@ -259,42 +305,63 @@ class Server:
         self.ctx.destroy(0)
 
     def handle(self, frames) -> None:
+        """One request: authenticated, checked against the schema, then served.  Nothing
+        a message holds can stop the loop: a bad one is refused, counted and answered."""
         ident, rest = frames[0].bytes, frames[1:]
         try:
-            header, buffers = self.codec.open(rest)
+            header, buffers = self.codec.open(rest, self.router_in)
         except AuthError as exc:
-            self.metrics.rejected_unauthenticated += 1
-            log.warning("server %d rejected a message: %s", self.rank, exc)
+            if exc.reason == "unauthenticated":
+                self.metrics.rejected_unauthenticated += 1
+            if self.codec.worth_logging(exc):
+                log.warning("server %d rejected a message: %s (%d so far)", self.rank, exc,
+                            self.codec.rejected[exc.reason])
             return
-        seq = header.get("seq")
-        if isinstance(header.get("reply_to"), str):
-            # workers send on one socket and receive on another (their receiver thread's)
-            ident = header["reply_to"].encode()
-        if self.failure:
-            self.reply_error(ident, seq, self.failure)
-            return
-        op = self.ops.get(header.get("op"))
         try:
-            if op is None:
-                raise RequestError(f"unknown operation {header.get('op')!r}")
-            op(ident, header, buffers)
+            check_request(header, self.num_workers)
+        except Exception as exc:
+            self.malformed += 1
+            if self.malformed <= 5 or self.malformed % 1000 == 0:
+                log.warning("server %d refused a malformed request (%d so far): %s", self.rank,
+                            self.malformed, exc)
+            seq, worker, reply_to = header.get("seq"), header.get("worker"), header.get("reply_to")
+            if type(seq) is int and type(worker) is int and 0 <= worker < self.num_workers \
+                    and isinstance(reply_to, str):   # a worker's request that it can be told of
+                self.reply_error(reply_to.encode(), seq,
+                                 f"server {self.rank}: malformed request: {exc}", worker)
+            return
+        seq, worker = header["seq"], header["worker"]
+        # workers send on one socket and receive on another (their receiver thread's)
+        ident = header["reply_to"].encode()
+        try:
+            if self.failure:
+                self.reply_error(ident, seq, self.failure, worker)
+                return
+            self.ops[header["op"]](ident, header, buffers)
         except RequestError as exc:
-            self.reply_error(ident, seq, str(exc))
+            self.reply_error(ident, seq, str(exc), worker)
         except Exception as exc:  # a bug or a bad optimizer: tell the worker, keep serving
             log.exception("server %d failed on %s", self.rank, header.get("op"))
-            self.reply_error(ident, seq, f"server {self.rank}: {type(exc).__name__}: {exc}")
+            self.reply_error(ident, seq, f"server {self.rank}: {type(exc).__name__}: {exc}",
+                             worker)
 
     def handle_scheduler(self, frames) -> None:
         try:
-            header, _ = self.codec.open(frames)
+            header, _ = self.sched_in.open(frames)
         except AuthError:
             return
+        try:
+            self.scheduler_notice(header)
+        except Exception as exc:
+            self.malformed += 1
+            log.warning("server %d: malformed notice from the scheduler: %s", self.rank, exc)
+
+    def scheduler_notice(self, header: dict) -> None:
         op = header.get("op")
-        self.last_ack = time.monotonic()
         if op == "node_dead" and header["role"] == "worker":
             rank, reason = header["rank"], header["reason"]
             if self.on_worker_death == "fail":
-                self.fail(f"worker {rank} died ({reason}); the job stops "
+                self.fail(kind="worker_lost", message=f"worker {rank} died ({reason}); the job stops "
                           f"(on-worker-death=fail)")
             else:
                 log.warning("server %d: worker %d died (%s); continuing without it",
@@ -303,27 +370,29 @@ class Server:
         elif op == "node_left" and header["role"] == "worker":
             self.remove_worker(header["rank"])
         elif op == "abort":
-            self.fail(header["error"])
+            self.fail(str(header["error"]), kind="aborted")
         elif op == "shutdown":
             self.running = False
 
-    def fail(self, message: str) -> None:
-        """Answer every waiting request with the failure, and every later one too."""
-        self.failure = message
+    def fail(self, message: str, kind: str = "error") -> None:
+        """Answer every waiting request with the failure, and every later one too.
+
+        ``kind`` tells the workers which exception to raise (see ``client.ERROR_KINDS``)."""
+        self.failure, self.failure_kind = message, kind
         for slot in self.slots.values():
             for queue in slot.waiting.values():
                 for p in queue:
                     if p.outstanding > 0:
                         p.outstanding = 0
-                        self.reply_error(p.ident, p.seq, message)
+                        self.reply_error(p.ident, p.seq, message, p.worker)
             slot.waiting.clear()
             for _, _, p in slot.held:
                 if p.outstanding > 0:
                     p.outstanding = 0
-                    self.reply_error(p.ident, p.seq, message)
+                    self.reply_error(p.ident, p.seq, message, p.worker)
             slot.held.clear()
-        for ident, seq, *_ in self.init_waiting:
-            self.reply_error(ident, seq, message)
+        for w in self.init_waiting:
+            self.reply_error(w.ident, w.seq, message, w.worker)
         self.init_waiting = []
         if self.psp is not None:
             self.psp.fail(message)
@@ -332,6 +401,7 @@ class Server:
         if rank not in self.members:
             return
         self.members.discard(rank)
+        self.release_inits()
         if self.psp is not None:
             self.psp.remove_worker(rank)
             return
@@ -363,8 +433,13 @@ class Server:
                                f"but it holds {slot.size} (key shape {slot.shape})")
 
     def op_init(self, ident, header, buffers) -> None:
+        """Create keys from worker 0's values.  As in MXNet (whose init ends in a barrier),
+        an init returns once every live worker has initialised its keys: no worker trains
+        while another is still starting, which would make its first gradients many updates
+        stale."""
         items = header["items"]
-        has_value = header.get("has_value", False)
+        worker = header["worker"]
+        has_value = header.get("has_value", False) is True
         if has_value and len(buffers) != len(items):
             raise RequestError("init: one buffer per key expected")
         for item in items:
@@ -379,7 +454,10 @@ class Server:
             for item, buf in zip(items, buffers):
                 key, block, dtype, shape, size = item[0], item[1], item[2], tuple(item[3]), item[4]
                 if (key, block) not in self.slots:
-                    value = array_from_buffer(buf, dtype, (size,))
+                    try:
+                        value = array_from_buffer(buf, dtype, (size,))
+                    except ValueError as exc:
+                        raise RequestError(f"init: key {key!r}: {exc}") from None
                     # all keys move together: the first key's policy logs the decisions
                     policy = (make_psp_policy(self) if self.psp is not None else
                               make_policy(self.store_type, self.members, self.store_params,
@@ -387,20 +465,43 @@ class Server:
                     if self.metrics.decision_log is None:
                         self.metrics.decision_log = (key, block, policy)
                     self.slots[(key, block)] = Slot(key, block, shape, dtype, value, policy)
-        missing = {(i[0], i[1]) for i in items if (i[0], i[1]) not in self.slots}
-        if missing:
-            self.init_waiting.append((ident, header["seq"], missing))
-        else:
-            self.reply(ident, header["seq"])
-        if has_value and self.init_waiting:
-            still = []
-            for ident2, seq2, miss in self.init_waiting:
-                miss = {m for m in miss if m not in self.slots}
-                if miss:
-                    still.append((ident2, seq2, miss))
-                else:
-                    self.reply(ident2, seq2)
-            self.init_waiting = still
+        blocks = {(i[0], i[1]) for i in items}
+        for block in blocks:
+            self.init_seen.setdefault(block, set()).add(worker)
+        waiter = InitWait(ident, header["seq"], worker, blocks,
+                          time.monotonic() + self.env.start_timeout)
+        self.init_waiting.append(waiter)
+        self.at(waiter.deadline, lambda: self.expire_init(waiter))
+        self.release_inits()
+
+    def release_inits(self) -> None:
+        """Answer the inits whose keys exist and every live worker has initialised; refuse
+        those whose values can no longer come (worker 0 is gone)."""
+        still = []
+        for w in self.init_waiting:
+            blocks = [b for b in w.blocks if b not in self.slots or
+                      not self.members <= self.init_seen.get(b, set())]
+            if not blocks:
+                self.reply(w.ident, w.seq, worker=w.worker)
+            elif 0 not in self.members and any(b not in self.slots for b in blocks):
+                key = next(b for b in blocks if b not in self.slots)[0]
+                self.reply_error(w.ident, w.seq, f"worker 0, which gives the initial values, "
+                                 f"left the job before initialising key {key!r}", w.worker)
+            else:
+                w.blocks = set(blocks)
+                still.append(w)
+        self.init_waiting = still
+
+    def expire_init(self, waiter: "InitWait") -> None:
+        if waiter not in self.init_waiting:
+            return
+        self.init_waiting.remove(waiter)
+        key, block = sorted(waiter.blocks, key=repr)[0]
+        missing = sorted(self.members - self.init_seen.get((key, block), set()))
+        self.reply_error(waiter.ident, waiter.seq,
+                         f"init of key {key!r} did not complete within {self.env.start_timeout:g}"
+                         f" s (launch.py --start-timeout): worker(s) {missing} have not "
+                         f"initialised it", waiter.worker)
 
     def op_pull(self, ident, header, buffers) -> None:
         worker = header["worker"]
@@ -492,7 +593,7 @@ class Server:
                     if p.with_values:
                         self.reply_values(p)
                     else:
-                        self.reply(p.ident, p.seq)
+                        self.reply(p.ident, p.seq, worker=p.worker)
 
     def apply(self, slots) -> None:
         for slot in slots:
@@ -519,14 +620,15 @@ class Server:
                 optimizer.aggregate_num = max(optimizer.aggregate_num, AGGREGATE_KEYS)
             self.updater = mx.optimizer.get_updater(optimizer)
             self.optimizer_blob = blob
-        self.reply(ident, header["seq"])
+        self.reply(ident, header["seq"], worker=header["worker"])
 
     def op_get_states(self, ident, header, buffers) -> None:
         if self.updater is None:
             raise RequestError("no optimizer has been set on the kvstore, so it has no states")
         blocks = [[s.key, s.block] for s in self.slots.values()]
         self.reply(ident, header["seq"], {"blocks": blocks},
-                   buffers=[self.updater.get_states(dump_optimizer=False)])
+                   buffers=[self.updater.get_states(dump_optimizer=False)],
+                   worker=header["worker"])
 
     def op_set_states(self, ident, header, buffers) -> None:
         states, optimizer = pickle.loads(bytes(buffers[0]))  # authenticated
@@ -537,16 +639,19 @@ class Server:
             raise RequestError("set an optimizer before loading optimizer states")
         self.updater.states = states
         self.updater.states_synced = dict.fromkeys(states, False)
-        self.reply(ident, header["seq"])
+        self.reply(ident, header["seq"], worker=header["worker"])
 
     def op_hello(self, ident, header, buffers) -> None:
-        self.reply(ident, header["seq"])
+        self.reply(ident, header["seq"], worker=header["worker"])
 
     def op_stats(self, ident, header, buffers) -> None:
-        self.reply(ident, header["seq"], {"stats": self.stats()})
+        self.reply(ident, header["seq"], {"stats": self.stats()}, worker=header["worker"])
 
     def stats(self) -> dict:
         out = self.metrics.to_dict()
+        # messages refused before they were served, by reason (unauthenticated, replayed,
+        # misaddressed, oversized), and authenticated ones that did not fit the schema
+        out["rejected"] = {**self.codec.rejected, "malformed": self.malformed}
         if self.faults.active:
             out["faults"] = self.faults.to_dict()
         if self.psp is not None:

@@ -21,11 +21,12 @@ from mxnet.kvstore import KVStoreBase
 from . import config as cfg
 from . import engine
 from .batching import Coalescer
-from .client import Connection, KVStoreError
+from .client import Connection
+from .errors import KVStoreError
 from .keys import as_list as _as_list, check_key as _check_key, pairs as _pairs
 from .metrics import WorkerMetrics, write_json
 from .partition import Partitioner
-from .policies.psp import PartialPull, resolve_min_pushes
+from .policies.psp import HeldVersions, PartialPull, resolve_min_pushes
 
 log = logging.getLogger("kvstore_ext")
 
@@ -61,6 +62,7 @@ class ParameterServerStore(KVStoreBase):
         self._conn = _shared_connection(self._config)
         self._part = Partitioner(self._conn.num_servers, self._conn.env.bigarray_bound)
         self._meta: dict = {}          # key -> (shape, dtype)
+        self._key_type = None          # int or str: MXNet does not mix them in one store
         self._updater = None           # gluon.Trainer.load_states reads _updater.optimizer
         self._metrics = WorkerMetrics()
         self._deferred_error: Exception | None = None
@@ -102,6 +104,10 @@ class ParameterServerStore(KVStoreBase):
         Calls still in flight are not waited for (a new key does not depend on them, and the
         servers see this worker's messages in order): ``gluon.Trainer``'s per-key
         init-and-pull then costs one round trip in all, not one per key.
+
+        As in MXNet, a store's keys are all ints or all strs ("Mixed key types are not
+        allowed"), and initialising a key again with the same shape and dtype keeps the
+        value it has (worker 0's first one); with another shape or dtype it is an error.
         """
         self._flush()
         self._raise_deferred()
@@ -109,6 +115,13 @@ class ParameterServerStore(KVStoreBase):
         send_values = self.rank == 0
         for k, v in _pairs(key, value):
             k = _check_key(k)
+            kind = str if isinstance(k, str) else int
+            if self._key_type is None:
+                self._key_type = kind
+            elif kind is not self._key_type:
+                raise KVStoreError(f"Mixed key types are not allowed: key {k!r} is a "
+                                   f"{kind.__name__}, but this store's keys are "
+                                   f"{self._key_type.__name__}s")
             v = _as_list(v)[0]
             shape, dtype = tuple(v.shape), np.dtype(v.dtype)
             known = self._meta.get(k)
@@ -155,18 +168,34 @@ class ParameterServerStore(KVStoreBase):
         self._exchange("pushpull", pairs, outs)
 
     def _exchange(self, op: str, pairs, outs) -> None:
+        """Send one call; write the values it brings back into the ``outs`` arrays.
+
+        An array may be listed several times (``pull([k1, k2], out=[a, a])``, or
+        ``pull(k, out=[a, a])``): it is given to MXNet's engine once (an operation that
+        lists an array twice as written deadlocks the engine) and written in
+        :meth:`_targets` order, so that, as in MXNet's own stores, it ends up with the
+        value of the last key in that order.
+        """
         self._raise_deferred()
+        if op != "pull" and getattr(self, "asynchronous", False) and self._updater is None:
+            # the servers would keep the summed gradients as the weights, and every worker
+            # would pull a different mixture: MXNet's async server aborts here instead
+            raise KVStoreError(f"{self.type} is asynchronous: the servers update the weights, so "
+                               f"call set_optimizer before push or pushpull (gluon.Trainer does, "
+                               f"with update_on_kvstore=True)")
         # _plan reads the gradients, which waits for MXNet's engine to finish computing them:
         # that time is compute, so the clock for waiting on the store starts after it
         plan = self._plan(op, pairs)
         targets = self._targets(outs) if outs is not None else []
-        arrays = [o for _, o in targets]
+        distinct = {o.handle.value: o for _, o in targets}
+        arrays = list(distinct.values())
         in_engine = bool(arrays) and engine.on_cpu(arrays)
         self._metrics.begin_call()
         if op != "pull":
             self._metrics.count_pushes(k for k, _ in pairs)
         if in_engine:
-            targets = [(k, engine.Destination(o)) for k, o in targets]
+            places = {h: engine.Destination(o) for h, o in distinct.items()}
+            targets = [(k, places[o.handle.value]) for k, o in targets]
         if in_engine and op == "pushpull" and len(pairs) == 1 and self._coalescer is not None:
             batch = self._coalescer.add(op, _check_key(pairs[0][0]), plan)
             engine.push(lambda: self._complete(targets, lambda: self._batch_values(batch)), arrays)
@@ -181,17 +210,16 @@ class ParameterServerStore(KVStoreBase):
             self._metrics.end_call()
             return
         try:
-            replies = self._await(op, tickets, plan)
-            for k, parts in self._values(plan, replies):
-                for key, o in targets:
-                    if key == k:
-                        flat = o.asnumpy().reshape(-1) if len(parts) != 1 else None
-                        for start, stop, value in parts:
-                            if flat is None:
-                                flat = value
-                            else:
-                                flat[start:stop] = value
-                        o._sync_copyfrom(flat.reshape(o.shape))
+            values = dict(self._values(plan, self._await(op, tickets, plan)))
+            for k, o in targets:
+                parts = values.get(k, ())
+                if len(parts) == 1 and parts[0][1] - parts[0][0] == o.size:
+                    o._sync_copyfrom(parts[0][2].reshape(o.shape))
+                elif parts:         # some blocks (a partial pull keeps the others)
+                    flat = o.asnumpy().reshape(-1)
+                    for start, stop, value in parts:
+                        flat[start:stop] = value
+                    o._sync_copyfrom(flat.reshape(o.shape))
         finally:
             self._metrics.end_call()
 
@@ -207,7 +235,7 @@ class ParameterServerStore(KVStoreBase):
             for k, destination in targets:
                 destination.write(values.get(k, ()))   # none: a partial pull kept it
         except Exception as exc:
-            self._deferred_error = exc
+            self._deferred_error = self._conn.unreported = exc
             log.error("kvstore_ext: %s", exc)
         finally:
             self._metrics.add_wait(time.perf_counter() - t0)
@@ -229,6 +257,7 @@ class ParameterServerStore(KVStoreBase):
         """Raise an error that an engine operation met since the last call."""
         exc, self._deferred_error = self._deferred_error, None
         if exc is not None:
+            self._conn.unreported = None
             raise exc
 
     def _settle(self) -> None:
@@ -240,7 +269,12 @@ class ParameterServerStore(KVStoreBase):
         self._raise_deferred()
 
     def _targets(self, outs):
-        """``(key, array)`` for every output array, shapes checked before anything is sent."""
+        """``(key, array)`` for every output array, shapes checked before anything is sent.
+
+        When an array is listed more than once, they come in the order MXNet's own stores
+        write them: ascending keys (string keys in the order they were first initialised,
+        as MXNet numbers them), each key's arrays in the order given; the last one wins.
+        """
         targets = []
         for k, out in outs:
             k = _check_key(k)
@@ -250,6 +284,10 @@ class ParameterServerStore(KVStoreBase):
                     raise KVStoreError(f"key {k!r}: out has shape {tuple(o.shape)}, but the key "
                                        f"has shape {shape}")
                 targets.append((k, o))
+        if len({o.handle.value for _, o in targets}) < len(targets):
+            first_init = {k: i for i, k in enumerate(self._meta)}
+            targets.sort(key=lambda t: (1, first_init.get(t[0], 0)) if isinstance(t[0], str)
+                         else (0, t[0]))
         return targets
 
     def _plan(self, op: str, pairs):
@@ -361,8 +399,10 @@ class ParameterServerStore(KVStoreBase):
         """This worker's metrics and every server's, read live."""
         self._settle()
         replies = self._conn.request({s: ({"op": "stats"}, []) for s in range(self.num_servers)})
+        worker = {**self._metrics.to_dict(), "window_mb": self._conn.env.window_bytes / 2 ** 20,
+                  "rejected": dict(self._conn.codec.rejected)}
         return {"type": self.type, "params": self.params, "rank": self.rank,
-                "num_workers": self.num_workers, "worker": self._metrics.to_dict(),
+                "num_workers": self.num_workers, "worker": worker,
                 "servers": [replies[s][0]["stats"] for s in sorted(replies)]}
 
     def save_metrics(self, path: str | None = None) -> str | None:
@@ -375,9 +415,14 @@ class ParameterServerStore(KVStoreBase):
         return write_json(os.path.dirname(os.path.abspath(path)), os.path.basename(path), data)
 
     def close(self):
-        """Leave the job (also done at interpreter exit)."""
+        """Leave the job (also done at interpreter exit); raises an error still unreported."""
         self._flush()
-        self._conn.close()
+        try:
+            self._conn.drain()
+            mx.nd.waitall()
+            self._raise_deferred()
+        finally:
+            self._conn.close()
 
 
 def _merge_state(blocks, shape):
@@ -423,9 +468,11 @@ def _make_store_class(store_type: str, doc: str):
 def _guard_native_create() -> None:
     """Inside a kvstore_ext job, an unknown ``dist_*`` name gets a clear error.
 
-    MXNet hands every unregistered name to its native ps-lite store, which in a
-    kvstore_ext job (no ``DMLC_*`` variables) dies with an unrelated check
-    failure.  Outside such a job MXNet's behaviour is unchanged.
+    MXNet hands every unregistered name to its native stores; a ``dist`` one
+    starts ps-lite, which in a kvstore_ext job (no ``DMLC_*`` variables) dies with
+    an unrelated check failure.  Every other name ('local', 'device', 'nccl', ...,
+    which a multi-device ``gluon.Trainer`` creates by default) reaches MXNet
+    unchanged, as does everything outside such a job.
     """
     import mxnet.kvstore as kvs
     native_create = kvs.create
@@ -433,7 +480,9 @@ def _guard_native_create() -> None:
         return
 
     def create(name="local"):
-        if isinstance(name, str) and name.lower() not in KVStoreBase.kv_registry \
+        lowered = name.lower() if isinstance(name, str) else ""
+        # MXNet's KVStore::Create starts ps-lite for any name that contains "dist"
+        if "dist" in lowered and lowered not in KVStoreBase.kv_registry \
                 and os.environ.get(cfg.ROLE) == "worker":
             raise ValueError(f"unknown kvstore type {name!r} in a kvstore_ext job; kvstore_ext "
                              f"provides {', '.join(sorted(cfg.STORE_TYPES))} (MXNet's own "
@@ -450,26 +499,35 @@ _guard_native_create()
 DistBSP = _make_store_class("dist_bsp", "Bulk synchronous parallel: equals MXNet's dist_sync.")
 DistASP = _make_store_class("dist_asp", "Asynchronous parallel: equals MXNet's dist_async.")
 DistSSP = _make_store_class("dist_ssp", "Stale synchronous parallel with staleness bound s.")
+DistBSP.asynchronous = False
+# workers do not wait for each other's pushes, so only weights updated on the servers stay
+# one model (see gluon_compat); a raw push needs an optimizer set first
+DistASP.asynchronous = DistSSP.asynchronous = True
+
 class DistPSP(ParameterServerStore):
     """Partial push and partial pull (PSP-SGD): see :mod:`kvstore_ext.policies.psp`.
 
     Every pushed block is stamped with the version of the block its gradient was computed
     from (this worker's iteration for it, as long as every pull brought the block back), and
-    the pull that follows asks for the next version.  The worker goes on with a fraction
-    ``min_pull_fraction`` of the blocks (then ``pull_timeout`` more seconds); the others keep
-    their values and their versions, so their next gradients carry the old stamp and the servers
-    drop them if the block has moved on.  A stamp is never ahead of the server's version, so a
-    worker never waits for a round that its own, already summed, gradients were meant to fill.
+    the pull that follows asks for the next version.  That version is the newest one a reply
+    brought (:class:`~kvstore_ext.policies.psp.HeldVersions`): a reply that completes late,
+    after a later call's reply for the same block, does not move it back.  The worker goes on
+    with a fraction ``min_pull_fraction`` of the blocks (then ``pull_timeout`` more seconds);
+    the others keep their values and their versions, so their next gradients carry the old
+    stamp and the servers drop them if the block has moved on.  A stamp is never ahead of the
+    server's version, so a worker never waits for a round that its own, already summed,
+    gradients were meant to fill.
     """
 
     store_type = "dist_psp"
+    asynchronous = False    # every push round is summed: update_on_kvstore=False works
 
     def __init__(self, **params):
         super().__init__(**params)
         p = self._config.params
         resolve_min_pushes(p["min_pushes"], self.num_workers)   # c > n: an error here, at once
         self._fraction, self._linger = p["min_pull_fraction"], p["pull_timeout"]
-        self._seen: dict = {}     # (key, block) -> version of the block this worker holds
+        self._held = HeldVersions()   # (key, block) -> version of the block this worker holds
         self._want: dict = {}     # (key, block) -> version a plain pull waits for after a push
         self.partial_pulls = 0    # pulls that went on without every block
         self.blocks_kept = 0      # blocks that kept their previous value
@@ -482,7 +540,7 @@ class DistPSP(ParameterServerStore):
                 if op == "pull":
                     item += [-1, self._want.pop(block, 0)]
                 else:
-                    stamp = self._seen.get(block, 0)
+                    stamp = self._held.stamp(block)
                     item += [stamp, stamp + 1]          # stamp, version wanted
                     if op == "push":
                         self._want[block] = stamp + 1
@@ -499,8 +557,8 @@ class DistPSP(ParameterServerStore):
             for b, buf, version in zip(plan[server][2], buffers, header["versions"]):
                 if buf is None:
                     missing += 1
-                else:
-                    self._seen[(b.key, b.index)] = version
+                else:   # a late reply to an earlier call may bring an older version
+                    self._held.arrived((b.key, b.index), version)
         if missing:
             self.partial_pulls += 1
             self.blocks_kept += missing
@@ -508,7 +566,8 @@ class DistPSP(ParameterServerStore):
 
     def stats(self) -> dict:
         out = super().stats()
-        out["worker"].update(partial_pulls=self.partial_pulls, blocks_kept=self.blocks_kept)
+        out["worker"].update(partial_pulls=self.partial_pulls, blocks_kept=self.blocks_kept,
+                             older_versions_ignored=self._held.ignored)
         return out
 
 
@@ -517,4 +576,5 @@ STORE_CLASSES["dist_psp"] = DistPSP
 
 DistDSSP = _make_store_class("dist_dssp", "Dynamic stale synchronous parallel: a per-worker "
                              "bound in [staleness_lower, staleness_upper].")
+DistDSSP.asynchronous = True
 

@@ -9,15 +9,33 @@ five times cheaper per byte than HMAC-SHA256, which matters when every step
 moves the whole model.  Nothing from the network is parsed beyond the header
 length before its tag checks out; pickled payloads (optimizers, optimizer
 states) are only ever loaded from authenticated messages.
+
+Inside the authenticated header every message also names its sender's session
+(a random id per sending socket), a counter that rises by one per message,
+and the node it is meant for.  An :class:`Inbox` (one per receiving socket)
+rejects a counter it has already passed and a message meant for another
+node, so a captured message cannot be played again, here or elsewhere.
+Limits are enforced before anything is read into Python: ZeroMQ drops a
+connection that announces a frame above ``max_frame_bytes``
+(``ZMQ_MAXMSGSIZE``), and :func:`recv_message` stops collecting a message
+past ``max_frames`` frames.  Liveness is ZeroMQ's too (:func:`configure`):
+ZMTP heartbeats run in ZeroMQ's I/O thread, so a busy event loop or a long
+call holding the GIL does not look like a dead peer, while a closed or silent
+connection shows up at once as a socket-monitor event.
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import json
 import math
 import os
 import struct
+import threading
+from collections import Counter
+
+from dataclasses import dataclass
 
 import numpy as np
 import zmq
@@ -27,8 +45,43 @@ NONCE_BYTES = 16
 TAG_BYTES = 16
 
 
+#: header fields the transport adds: sender session, its counter, the addressee
+SESSION, COUNTER, TO = "_sid", "_ctr", "_to"
+MAX_HEADER_BYTES = 8 << 20
+#: sessions an inbox remembers; only holders of the secret can open one (a job has a few per node)
+MAX_SESSIONS = 1 << 16
+DEFAULT_MAX_FRAME_BYTES = 512 << 20
+DEFAULT_MAX_FRAMES = 4096
+
+
 class AuthError(Exception):
     """A message whose authenticator does not match the job secret (or is malformed)."""
+
+    reason = "unauthenticated"
+
+
+class ReplayError(AuthError):
+    """An authenticated message seen before (or older than one seen): a replay."""
+
+    reason = "replayed"
+
+
+class MisaddressedError(AuthError):
+    """An authenticated message meant for another node."""
+
+    reason = "misaddressed"
+
+
+class MalformedError(AuthError):
+    """An authenticated message whose header or frame layout cannot be read."""
+
+    reason = "malformed"
+
+
+class LimitError(AuthError):
+    """A message over the job's size or frame-count limits."""
+
+    reason = "oversized"
 
 
 def _as_bytes_view(buf):
@@ -44,13 +97,81 @@ def _as_bytes_view(buf):
     return memoryview(buf)
 
 
-class Codec:
-    """Seals and opens messages with the job's secret."""
+class Outbox:
+    """A sending socket's session: a random id and a counter that only goes up.
 
-    def __init__(self, secret: bytes):
+    Messages of one session are sealed and sent in order (the caller sends under
+    the lock it already holds for the socket), so the receiver can insist that
+    every counter is above the last one it accepted.
+    """
+
+    def __init__(self):
+        self.session = os.urandom(8).hex()
+        self._counter = itertools.count(1)
+
+    def stamp(self, header: dict, to: str | None) -> dict:
+        stamped = {**header, SESSION: self.session, COUNTER: next(self._counter)}
+        if to is not None:
+            stamped[TO] = to
+        return stamped
+
+
+class Inbox:
+    """A receiving socket's memory of sessions: the last counter accepted from each."""
+
+    def __init__(self, codec: "Codec"):
+        self.codec = codec
+        self.last: dict[str, int] = {}
+
+    def open(self, frames) -> tuple[dict, list]:
+        return self.codec.open(frames, self)
+
+    def accept(self, header: dict) -> None:
+        """Raise unless ``header`` is for us and newer than its session's last message."""
+        names = self.codec.names
+        if names and header.get(TO) not in names:
+            raise MisaddressedError(f"message for {header.get(TO)!r}, not for this node")
+        session, counter = header.get(SESSION), header.get(COUNTER)
+        if not isinstance(session, str) or len(session) > 64 or isinstance(counter, bool) \
+                or not isinstance(counter, int):
+            raise MalformedError("malformed header: no session or counter")
+        last = self.last.get(session)
+        if last is None and len(self.last) >= MAX_SESSIONS:
+            raise LimitError("too many sessions")
+        if last is not None and counter <= last:
+            raise ReplayError(f"message {counter} of session {session} is not newer than "
+                              f"{last}: a replay")
+        self.last[session] = counter
+
+
+class Codec:
+    """Seals and opens messages with the job's secret.
+
+    ``names``: what this node answers to (``"scheduler"``, ``"server:0"``, ...); a
+    message addressed elsewhere is refused.  ``rejected`` counts refusals by reason.
+    """
+
+    def __init__(self, secret: bytes, names=()):
         if len(secret) < 16:
             raise ValueError("the job secret must hold at least 16 bytes")
         self._secret = bytes(secret[:64])
+        self.names: set[str] = set(names)
+        self.rejected: Counter = Counter()
+        self._default_outbox = Outbox()
+        self._default_inbox = Inbox(self)
+        self._lock = threading.Lock()
+
+    def worth_logging(self, exc: AuthError) -> bool:
+        """Log the first few refusals of each kind, then one in a thousand: a flood of bad
+        messages must not become a flood of log lines."""
+        n = self.rejected[exc.reason]
+        return n <= 5 or n % 1000 == 0
+
+    def outbox(self) -> Outbox:
+        return Outbox()
+
+    def inbox(self) -> Inbox:
+        return Inbox(self)
 
     def _tag(self, nonce: bytes, head: bytes, buffers) -> bytes:
         key = hashlib.blake2b(nonce, key=self._secret, digest_size=32).digest()
@@ -64,7 +185,11 @@ class Codec:
                 mac.update(view)
         return mac.finalize()
 
-    def seal(self, header: dict, buffers=()) -> list:
+    def seal(self, header: dict, buffers=(), to: str | None = None,
+             outbox: Outbox | None = None) -> list:
+        """Frames for ``header`` and ``buffers``, sent from ``outbox`` (its session and next
+        counter go into the authenticated header) to the node named ``to``."""
+        header = (outbox or self._default_outbox).stamp(header, to)
         bufs = [_as_bytes_view(b) for b in buffers]
         if len(bufs) > 1:
             # small arrays travel together in one frame (a copy is cheaper than a frame each);
@@ -75,32 +200,46 @@ class Codec:
         nonce = os.urandom(NONCE_BYTES)
         return [head, nonce + self._tag(nonce, head, bufs), *bufs]
 
-    def open(self, frames) -> tuple[dict, list[memoryview]]:
-        """Check the authenticator, then parse; raises :class:`AuthError` on any mismatch."""
+    def open(self, frames, inbox: Inbox | None = None) -> tuple[dict, list[memoryview]]:
+        """Check the authenticator, then parse, then the session counter and addressee;
+        raises :class:`AuthError` (or a subclass) and counts it on any mismatch."""
+        try:
+            return self._open(frames, inbox or self._default_inbox)
+        except AuthError as exc:
+            with self._lock:
+                self.rejected[exc.reason] += 1
+            raise
+
+    def _open(self, frames, inbox: Inbox):
         if len(frames) < 2:
             raise AuthError("malformed message: fewer than two frames")
         head = _frame_bytes(frames[0])
         auth = _frame_bytes(frames[1])
         if len(auth) != NONCE_BYTES + TAG_BYTES:
             raise AuthError("malformed message: bad authenticator length")
+        if len(head) > MAX_HEADER_BYTES:
+            raise LimitError(f"header of {len(head)} bytes")
         buffers = [_as_bytes_view(f) for f in frames[2:]]
         expected = self._tag(auth[:NONCE_BYTES], head, buffers)
         if not hmac.compare_digest(expected, auth[NONCE_BYTES:]):
             raise AuthError("message not authenticated with the job secret")
         try:
             header = json.loads(head)
-        except ValueError:
-            raise AuthError("malformed header") from None
+        except (ValueError, RecursionError):
+            raise MalformedError("malformed header") from None
         if not isinstance(header, dict):
-            raise AuthError("malformed header")
+            raise MalformedError("malformed header")
+        inbox.accept(header)
+        for field in (SESSION, COUNTER, TO):
+            header.pop(field, None)
         layout = header.pop(LAYOUT, None)
         if layout is not None:
             try:
                 buffers = [buffers[f][off:off + n] for f, off, n in layout]
+                if any(len(b) != n for b, (_, _, n) in zip(buffers, layout)):
+                    raise ValueError
             except (TypeError, ValueError, IndexError):
-                raise AuthError("malformed layout") from None
-            if any(len(b) != n for b, (_, _, n) in zip(buffers, layout)):
-                raise AuthError("layout does not fit the data frames")
+                raise MalformedError("malformed layout: it does not fit the data frames") from None
         return header, buffers
 
 
@@ -154,6 +293,107 @@ def new_context() -> zmq.Context:
     ctx = zmq.Context()
     ctx.setsockopt(zmq.LINGER, 0)
     return ctx
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one job's sockets accept and how they watch their peers."""
+
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_frames: int = DEFAULT_MAX_FRAMES
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 10.0
+    #: ZeroMQ CURVE secret key (Z85) of the job, or None: plain TCP with per-message tags
+    curve_key: bytes | None = None
+
+    @classmethod
+    def from_environ(cls, heartbeat_interval: float = 1.0, heartbeat_timeout: float = 10.0,
+                     secret: bytes | None = None):
+        frame_mb = float(os.environ.get("KVX_MAX_FRAME_MB") or DEFAULT_MAX_FRAME_BYTES / 2 ** 20)
+        frames = int(os.environ.get("KVX_MAX_FRAMES") or DEFAULT_MAX_FRAMES)
+        if frame_mb <= 0 or frames < 4:
+            raise ValueError(f"KVX_MAX_FRAME_MB must be > 0 and KVX_MAX_FRAMES >= 4, got "
+                             f"{frame_mb} and {frames}")
+        curve = os.environ.get("KVX_CURVE", "0") not in ("", "0")
+        if curve and not secret:
+            raise ValueError("KVX_CURVE needs the job secret")
+        key = curve_secret_key(secret) if curve else None
+        return cls(int(frame_mb * 2 ** 20), frames, heartbeat_interval, heartbeat_timeout, key)
+
+
+def curve_secret_key(secret: bytes) -> bytes:
+    """The job's CURVE key pair is derived from its secret: every node holds it, nobody
+    without the secret can complete a handshake (and so send a single byte)."""
+    from zmq.utils import z85
+    return z85.encode(hashlib.blake2b(secret, digest_size=32, person=b"kvx-curve").digest())
+
+
+def configure(sock: zmq.Socket, limits: Limits) -> zmq.Socket:
+    """Size limit, ZMTP heartbeats and, if asked, CURVE on a socket (before it binds or connects).
+
+    The heartbeats are answered by ZeroMQ's I/O thread, which needs no GIL: a
+    peer is only timed out when its process is gone or its host unreachable.
+    With CURVE, every connection is authenticated and encrypted by ZeroMQ
+    (binding sockets are CURVE servers); a peer without the job's key is refused
+    during the handshake, before any of its messages is read or held.
+    """
+    if limits.curve_key is not None:
+        public = zmq.curve_public(limits.curve_key)
+        if sock.type == zmq.ROUTER:
+            sock.curve_server = True
+            sock.curve_secretkey = limits.curve_key
+        else:
+            sock.curve_serverkey = public
+            sock.curve_publickey = public
+            sock.curve_secretkey = limits.curve_key
+    sock.setsockopt(zmq.MAXMSGSIZE, limits.max_frame_bytes)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(limits.heartbeat_interval * 1000)))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(limits.heartbeat_timeout * 1000)))
+    sock.setsockopt(zmq.HEARTBEAT_TTL, max(100, int(limits.heartbeat_timeout * 1000)))
+    return sock
+
+
+def recv_message(sock: zmq.Socket, max_frames: int):
+    """One whole message as frames (no copy), or raise :class:`LimitError` once it is
+    known to hold more than ``max_frames`` frames (the rest is read and dropped)."""
+    frames = [sock.recv(zmq.NOBLOCK, copy=False)]
+    while frames[-1].more:
+        if len(frames) >= max_frames:
+            sink = bytearray(256)
+            dropped = 0
+            while sock.getsockopt(zmq.RCVMORE):
+                sock.recv_into(sink)
+                dropped += 1
+            raise LimitError(f"message of more than {max_frames} frames ({len(frames) + dropped})")
+        frames.append(sock.recv(copy=False))
+    return frames
+
+
+def receive_until(sock: zmq.Socket, inbox: Inbox, deadline: float):
+    """The next authentic message on ``sock`` (others are dropped), or None at ``deadline``
+    (a ``time.monotonic()`` time)."""
+    import time
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not sock.poll(int(left * 1000)):
+            return None
+        try:
+            return inbox.open(sock.recv_multipart())
+        except AuthError:
+            continue
+
+
+def message_size_problem(buffers, limits: Limits) -> str | None:
+    """Why a message of ``buffers`` would be refused by its receiver, or None."""
+    big = [n for n in (_as_bytes_view(b).nbytes for b in buffers) if n > limits.max_frame_bytes]
+    if big:
+        return (f"an array of {big[0]} bytes is over the job's frame limit of "
+                f"{limits.max_frame_bytes} bytes (raise launch.py --max-frame-mb, or use more "
+                f"servers so that large keys are split)")
+    if len(buffers) + 4 > limits.max_frames:
+        return (f"{len(buffers)} arrays in one message are over the job's limit of "
+                f"{limits.max_frames} frames (launch.py --max-frames)")
+    return None
 
 
 def bind_random(sock: zmq.Socket, host: str) -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import os
 import signal
 import subprocess
@@ -102,3 +103,48 @@ def wait_until(predicate, timeout: float, step: float = 0.1) -> bool:
             return True
         time.sleep(step)
     return predicate()
+
+
+class ManualJob:
+    """Scheduler, server and workers started one by one, without launch.py."""
+
+    def __init__(self, tmp_path, workers, on_death, script_args, heartbeat_timeout=2.0,
+                 script="die.py", servers=1):
+        self.procs = []
+        env = dict(os.environ, KVX_SECRET=secrets.token_hex(32), KVX_NUM_WORKER=str(workers),
+                   KVX_NUM_SERVER=str(servers), KVX_SCHEDULER_HOST="127.0.0.1",
+                   KVX_ON_WORKER_DEATH=on_death, KVX_HEARTBEAT_INTERVAL="0.2",
+                   KVX_HEARTBEAT_TIMEOUT=str(heartbeat_timeout), PYTHONUNBUFFERED="1")
+        sched = self.start([sys.executable, "-m", "kvstore_ext.scheduler"], env, "scheduler",
+                           stdout=subprocess.PIPE)
+        port = sched.stdout.readline().decode().strip().split("=")[1]
+        env["KVX_SCHEDULER_PORT"] = port
+        self.env = env
+        self.servers = [self.start([sys.executable, "-m", "kvstore_ext.server"], env, "server")
+                        for _ in range(servers)]
+        self.scheduler = sched
+        self.logs = []
+        self.workers = []
+        for r in range(workers):
+            log = open(tmp_path / f"worker{r}.log", "w+")
+            self.logs.append(log)
+            self.workers.append(self.start([sys.executable, os.path.join(JOBS, script), *script_args],
+                                           dict(env, KVX_WORKER_RANK=str(r)), "worker", stdout=log))
+
+    def start(self, argv, env, role, stdout=None):
+        p = subprocess.Popen(argv, env=dict(env, KVX_ROLE=role), cwd=ROOT, stdout=stdout,
+                             stderr=subprocess.STDOUT if stdout else None, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def output(self, rank):
+        self.logs[rank].seek(0)
+        return self.logs[rank].read()
+
+    def kill(self):
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()

@@ -13,8 +13,9 @@ import pytest
 import kvstore_ext
 from conftest import ROOT, read_json
 from kvstore_ext.faults import FaultPlan, parse_delay_replies, parse_slow_server
-from kvstore_ext.policies.psp import (PartialPull, PartialPushPolicy, check_psp_params,
-                                      resolve_min_pushes)
+from kvstore_ext.partition import Partitioner
+from kvstore_ext.policies.psp import (HeldVersions, PartialPull, PartialPushPolicy,
+                                      check_psp_params, resolve_min_pushes)
 
 TRAIN = os.path.join(ROOT, "scripts", "train_mnist.py")
 
@@ -59,6 +60,74 @@ def test_stamps_ahead_of_the_version_are_summed():
     p.on_push(0, 0, 0)
     out = p.on_push(1, 3, 0)
     assert out.apply and out.summed == 2 and p.dropped == 0
+
+
+def test_a_late_reply_to_an_earlier_call_does_not_move_the_stamp_back():
+    """c = n, b = 1 must drop nothing, also when a reply completes after a later one.
+
+    Stock gluon.Trainer's first step broadcasts each key (pull, version >= 0), then pushpulls
+    the gradient computed before (version >= 1).  Worker 3's pull of the block is late: its
+    version 0 arrives after the pushpull's version 1.  Recording it stamped worker 3's next
+    gradient 0, and the server, at version 1, dropped it (1-4 drops per run in the
+    late-reply experiment, and sometimes a hang: the worker fell a round behind on the block).
+    """
+    n = 8
+    policy = PartialPushPolicy(range(n), min_pushes=n)
+    held = [HeldVersions() for _ in range(n)]
+    block = ("w", 0)
+    for w in range(n):                        # everyone's broadcast pull, except worker 3's
+        if w != 3:
+            held[w].arrived(block, 0)
+    closed = [policy.on_push(w, held[w].stamp(block), 0.0) for w in range(n)]   # step 1
+    assert [o.apply for o in closed] == [False] * (n - 1) + [True] and policy.version == 1
+    for w in range(n):                        # the pushpull replies: the block at version 1
+        assert held[w].arrived(block, policy.version)
+    assert not held[3].arrived(block, 0)      # worker 3's late broadcast pull completes now
+    assert held[3].stamp(block) == 1 and held[3].ignored == 1
+    closed = [policy.on_push(w, held[w].stamp(block), 1.0) for w in range(n)]   # step 2
+    assert not any(o.dropped for o in closed) and closed[-1].apply and closed[-1].summed == n
+    assert policy.dropped == 0 and policy.version == 2
+
+
+class _Replies:
+    """A stand-in for the worker's connection: each request's reply is given by the test."""
+
+    num_workers = 8
+
+    def __init__(self):
+        self.replies = {}
+
+    def wait_parts(self, tickets, counts, pull):
+        reply = self.replies[tickets[0]]
+        assert pull.done(len(reply[1]), 0.0)
+        return {0: reply}
+
+
+def test_dist_psp_stamps_with_the_newest_version_whatever_order_replies_complete(monkeypatch):
+    """The worker's own bookkeeping (DistPSP._plan / _await) in the order of the defect: the
+    broadcast pull is sent first, the pushpull second, and the pull's reply completes last."""
+    from kvstore_ext.store import DistPSP, ParameterServerStore
+
+    conn = _Replies()
+
+    def no_job(self, **params):               # everything __init__ needs, without a job
+        self._config = type("Config", (), {"params": check_psp_params(params)})()
+        self._conn, self._part = conn, Partitioner(1)
+        self._meta = {0: ((4,), np.dtype("float32"))}
+
+    monkeypatch.setattr(ParameterServerStore, "__init__", no_job)
+    kv = DistPSP(min_pushes=8)
+    value = np.zeros(4, np.float32).tobytes()
+    grad = mx.nd.ones(4)
+
+    pull = kv._plan("pull", [(0, None)])                  # Trainer's broadcast: sent first
+    first = kv._plan("pushpull", [(0, grad)])            # the first step's pushpull
+    assert first[0][0][0][4:] == [0, 1]                   # stamp 0, wants version 1
+    conn.replies = {"pushpull": ({"versions": [1]}, [value]), "pull": ({"versions": [0]}, [value])}
+    kv._await("pushpull", {0: "pushpull"}, first)         # the pushpull's reply completes first
+    kv._await("pull", {0: "pull"}, pull)                  # the late pull's reply, version 0
+    second = kv._plan("pushpull", [(0, grad)])
+    assert second[0][0][0][4:] == [1, 2]                  # stamped 1: the server sums it
 
 
 def test_partial_pull_fraction_and_linger():
@@ -209,3 +278,29 @@ def test_a_slow_server_stalls_b_one_but_not_b_below_one(run_job, tmp_path, fract
         assert min(kept) > 0
     else:
         assert steps <= 7, steps            # one step per 1.5 s at most (8 s of training)
+
+
+def test_c_equal_n_b_one_drops_nothing_with_late_replies_8_workers(run_job, tmp_path):
+    """The late-reply experiment's Sync row, shortened: 8 workers, 4 servers, c = n, b = 1.
+
+    With seed 1, server 1's 4th block reply is late (2 s here): a reply to one worker's first
+    pull, which can then complete after that worker's first pushpull.  Before HeldVersions this
+    dropped 1 to 4 pushes (4 when the block was part of the split array), or hung the job.
+    Whether the replies cross depends on timing; the two tests above replay it exactly.
+    """
+    out = str(tmp_path / "r-{rank}.json")
+    metrics = tmp_path / "metrics"
+    code, log = run_job(8, 4, [TRAIN, "--kvstore", "dist_psp", "--model", "lenet", "--epochs",
+                               "1", "--out", out],
+                        "--kv-param", "min_pushes=8", "--kv-param", "min_pull_fraction=1.0",
+                        "--delay-replies", "0.0016:2", "--fault-seed", "1",
+                        "--env", "KVX_BIGARRAY_BOUND:10000", "--metrics-dir", str(metrics),
+                        timeout=180)
+    assert code == 0, log[-3000:]
+    servers = [read_json(str(metrics / f"server-{s}.json")) for s in range(4)]
+    assert servers[1]["faults"]["replies_delayed"] >= 1             # the late reply happened
+    assert [s["pushes_dropped"] for s in servers] == [0] * 4, [s["psp"] for s in servers]
+    assert all(s["pushes_applied"] == s["pushes_received"] for s in servers)
+    workers = [read_json(out.replace("{rank}", str(r))) for r in range(8)]
+    assert {w["steps"] for w in workers} == {15}
+    assert all(w["kvstore_stats"]["worker"]["older_versions_ignored"] >= 0 for w in workers)

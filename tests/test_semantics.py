@@ -28,7 +28,7 @@ def test_no_update_is_lost(run_job, tmp_path, kvstore, servers):
     out = str(tmp_path / "final.npz")
     code, log = run_job(4, servers, [os.path.join(JOBS, "exact_updates.py"), "--kvstore", kvstore,
                                      "--pushes", "200", "--out", out],
-                        env={"KVX_BIGARRAY_BOUND": "100"})   # key 3 (2000 elements) is split
+                        env={"KVX_BIGARRAY_BOUND": "100"})   # 'big' (2000 elements) is split
     assert code == 0, log[-3000:]
     got = np.load(out)
     for k, want in expected_weights(4, 200).items():
@@ -36,7 +36,7 @@ def test_no_update_is_lost(run_job, tmp_path, kvstore, servers):
         assert rel <= 1e-5, f"key {k}: relative error {rel}"
     stats = read_json(out + ".json")["stats"]
     applied = sum(s["pushes_applied"] for s in stats["servers"])
-    blocks_per_push = 1 + servers            # 'small' whole, key 3 in one block per server
+    blocks_per_push = 1 + servers            # 'small' whole, 'big' in one block per server
     assert applied == 4 * 200 * blocks_per_push
 
 
@@ -107,7 +107,7 @@ def test_optimizer_states_save_and_load_in_mxnet_format(run_job, tmp_path):
     assert code == 0, log[-3000:]
     r = read_json(out + ".json")
     assert r["optimizer"] == "SGD" and r["momentum"] == 0.9
-    assert r["shapes"] == {"0": [4, 5], "big": [30, 10]}
+    assert r["shapes"] == {"small": [4, 5], "big": [30, 10]}
     # mom = 0.9 * mom - lr * rescale * sum over both workers: steps with g = 2, 4, 6
     mom = 0.0
     for g in (2.0, 4.0, 6.0):

@@ -90,3 +90,87 @@ def test_creating_outside_a_job_says_how_to_launch(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     with pytest.raises(RuntimeError, match="launch.py"):
         kvstore_ext.create("dist_bsp")
+
+
+def test_inbox_rejects_replays_old_counters_and_other_addressees():
+    from kvstore_ext.transport import MisaddressedError, ReplayError
+    sender, receiver = Codec(SECRET), Codec(SECRET, names={"server:0"})
+    outbox, inbox = sender.outbox(), receiver.inbox()
+    first = [bytes(f) for f in sender.seal({"op": "push"}, to="server:0", outbox=outbox)]
+    second = [bytes(f) for f in sender.seal({"op": "push"}, to="server:0", outbox=outbox)]
+    elsewhere = [bytes(f) for f in sender.seal({"op": "push"}, to="server:1", outbox=outbox)]
+    assert inbox.open(first)[0] == {"op": "push"}
+    with pytest.raises(ReplayError):
+        inbox.open(first)                       # the same message again
+    assert inbox.open(second)[0] == {"op": "push"}
+    with pytest.raises(ReplayError):
+        inbox.open(first)                       # an older one
+    with pytest.raises(MisaddressedError):
+        inbox.open(elsewhere)                   # meant for another node
+    # another receiving socket keeps its own memory; a new session starts afresh
+    assert receiver.inbox().open(first)[0] == {"op": "push"}
+    assert inbox.open([bytes(f) for f in sender.seal({"op": "x"}, to="server:0")])[0] == {"op": "x"}
+    assert receiver.rejected == {"replayed": 2, "misaddressed": 1}
+
+
+@pytest.mark.parametrize("header,problem", [
+    ({"op": ["push"], "seq": 1, "worker": 0, "reply_to": "r"}, "unknown operation"),
+    ({"op": "push", "seq": -1, "worker": 0, "reply_to": "r", "items": [[0, 0, "<f4", 4]]}, "seq"),
+    ({"op": "push", "seq": 1, "worker": [1], "reply_to": "r", "items": [[0, 0, "<f4", 4]]}, "worker"),
+    ({"op": "push", "seq": 1, "worker": 5, "reply_to": "r", "items": [[0, 0, "<f4", 4]]}, "worker"),
+    ({"op": "pull", "seq": 1, "worker": 0, "reply_to": "r", "items": [[0, 0, "<f4", 4]] * 2},
+     "named twice"),
+    ({"op": "push", "seq": 1, "worker": 0, "reply_to": "r", "items": [[0, 0, "O", 4]]}, "dtype"),
+    ({"op": "init", "seq": 1, "worker": 0, "reply_to": "r", "items": [[0, 0, "<f4", [2, 2], 5]]},
+     "does not fit shape"),
+    ({"op": "init", "seq": 1, "worker": 0, "reply_to": "r", "items": [[0, 0, "<f4", 4, 4]]},
+     "an item is"),
+    ({"op": "push", "seq": 1, "worker": 0, "reply_to": "r", "items": "x"}, "items"),
+    ({"op": "push", "seq": True, "worker": 0, "reply_to": "r", "items": [[0, 0, "<f4", 4]]}, "seq"),
+])
+def test_request_schema_names_what_is_wrong(header, problem):
+    from kvstore_ext.protocol import ProtocolError, check_request
+    with pytest.raises(ProtocolError, match=problem):
+        check_request(header, num_workers=2)
+
+
+def test_request_schema_accepts_every_request_the_workers_send():
+    from kvstore_ext.protocol import check_request
+    base = {"seq": 3, "worker": 1, "reply_to": "rx-1"}
+    for header in ({"op": "init", "items": [[0, 0, "<f4", [2, 3], 6], ["w", 1, "<f2", [10], 5]],
+                    "has_value": True},
+                   {"op": "pushpull", "items": [[0, 0, "<f4", 6], ["w", 1, "<f2", 5]]},
+                   {"op": "pull", "items": [[0, 0, "<f4", 6, -1, 4]]},
+                   {"op": "push", "items": [[0, 0, "<f4", 6, 3, 4]]},
+                   {"op": "set_optimizer"}, {"op": "stats"}, {"op": "hello"}):
+        check_request({**header, **base}, num_workers=2)
+
+
+def test_oversized_frames_and_too_many_frames_are_refused_before_they_are_read():
+    import zmq
+
+    from kvstore_ext.transport import LimitError, Limits, configure, recv_message
+    ctx = zmq.Context()
+    try:
+        limits = Limits(max_frame_bytes=1 << 20, max_frames=16)
+        router = configure(ctx.socket(zmq.ROUTER), limits)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        dealer.send_multipart([b""] * 1000)
+        assert router.poll(5000)
+        with pytest.raises(LimitError, match="more than 16 frames"):
+            recv_message(router, limits.max_frames)
+        dealer.send(b"x" * (2 << 20))             # over the frame limit: never delivered
+        dealer.send_multipart([b"ok"])
+        arrived = []
+        while router.poll(1000):                   # the connection was dropped and made again
+            arrived.append([bytes(f) for f in recv_message(router, 16)][1:])
+        assert arrived in ([], [[b"ok"]])
+        small = ctx.socket(zmq.DEALER)
+        small.connect(f"tcp://127.0.0.1:{port}")
+        small.send_multipart([b"a", b"b"])
+        assert router.poll(5000)
+        assert [bytes(f) for f in recv_message(router, 16)][1:] == [b"a", b"b"]
+    finally:
+        ctx.destroy(0)

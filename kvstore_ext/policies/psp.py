@@ -8,7 +8,8 @@ every live worker has pushed.  With c = n this is exactly a BSP round.
 
 Worker side (:class:`PartialPull`): of the blocks it asked for at version >= t, it goes on once a
 fraction b has arrived and τ2 has passed since then, or when all have; the others keep their
-previous values.  With b = 1 it waits for all, as BSP does.
+previous values.  With b = 1 it waits for all, as BSP does.  :class:`HeldVersions` keeps the
+version of each block the worker holds, which its next gradient for that block is stamped with.
 
 Both are pure: the server, the worker, the tests and the simulator drive the same objects.
 """
@@ -154,3 +155,37 @@ class PartialPull:
     def wake_at(self) -> float | None:
         """When to look again without news: τ2 after the fraction was reached."""
         return None if self.reached_at is None else self.reached_at + self.linger
+
+
+class HeldVersions:
+    """A worker's stamps: the version of each block whose value it holds, never going back.
+
+    A pushed block is stamped with the version of the block its gradient was computed from.  A
+    worker learns a block's version from the replies that bring the block, and those replies can
+    complete in a different order than the calls were made: stock ``gluon.Trainer``'s first step
+    broadcasts each key (a pull that wants version >= 0) and then pushpulls the gradient it has
+    already computed (wants version >= 1).  If a part of the pull is late, the pull completes
+    after the pushpull, with version 0.  The weights still end up at version 1 (MXNet's engine
+    writes an array in call order), and the server is at version 1 too.  Recording the late 0 would
+    stamp the next gradient 0, and the server would drop it as stale: with c = n and b = 1 that
+    breaks the equality with BSP (and the worker falls a round behind on that block).  So a
+    version older than the one held is ignored.  Every version recorded came from a server, so a
+    stamp is never ahead of the server's version either.
+    """
+
+    def __init__(self):
+        self._held: dict = {}     # block -> newest version received
+        self.ignored = 0          # versions that arrived older than the one held
+
+    def stamp(self, block) -> int:
+        """The version to stamp the block's next gradient with (0 before any reply)."""
+        return self._held.get(block, 0)
+
+    def arrived(self, block, version: int) -> bool:
+        """A reply brought ``block`` at ``version``; False (and ignored) if older than held."""
+        held = self._held.get(block)
+        if held is not None and version < held:
+            self.ignored += 1
+            return False
+        self._held[block] = version
+        return True

@@ -24,7 +24,8 @@ try:
     # pushpull returns before its reply: a loss found after the last call surfaces here
     w.wait_to_read()
     kv.barrier()
-except kvstore_ext.WorkerLostError as exc:
-    print(f"worker {kv.rank} stopped after {time.monotonic() - t0:.1f} s: {exc}", flush=True)
+except kvstore_ext.NodeLostError as exc:
+    print(f"worker {kv.rank} stopped at {time.time():.3f} after {time.monotonic() - t0:.1f} s: "
+          f"{type(exc).__name__}: {exc}", flush=True)
     sys.exit(4)
 print(f"worker {kv.rank} finished {rounds} rounds, w={w.asnumpy()[0]:.2f}", flush=True)

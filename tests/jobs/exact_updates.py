@@ -13,7 +13,7 @@ import numpy as np
 import kvstore_ext  # noqa: F401
 
 LR = 2.0 ** -7
-SHAPES = {"small": (7,), 3: (40, 50)}
+SHAPES = {"small": (7,), "big": (40, 50)}   # str keys: MXNet does not mix int and str
 
 
 def grad(key, worker, i):

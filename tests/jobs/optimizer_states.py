@@ -10,7 +10,7 @@ import kvstore_ext  # noqa: F401
 out = sys.argv[1]
 kv = mx.kv.create("dist_bsp")
 kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, rescale_grad=0.5))
-shapes = {0: (4, 5), "big": (30, 10)}          # 'big' is split over both servers
+shapes = {"small": (4, 5), "big": (30, 10)}    # 'big' is split over both servers
 keys = list(shapes)
 weights = [mx.nd.zeros(s) for s in shapes.values()]
 kv.init(keys, weights)
@@ -25,7 +25,7 @@ if kv.rank == 0:
     report["momentum"] = updater.optimizer.momentum
     report["shapes"] = {str(k): list(updater.states[k].shape) for k in keys}
     # momentum after 3 steps of gradients 1, 2, 3 (summed over 2 workers, rescaled by 0.5)
-    report["mom0"] = float(updater.states[0].asnumpy().ravel()[0])
+    report["mom0"] = float(updater.states["small"].asnumpy().ravel()[0])
     kv.load_optimizer_states(out)
     kv.save_optimizer_states(out + ".again", dump_optimizer=False)
     again = mx.optimizer.get_updater(mx.optimizer.SGD())

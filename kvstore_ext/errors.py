@@ -1,0 +1,43 @@
+"""The exceptions a worker sees: one class per cause.
+
+They derive from MXNet's ``MXNetError`` (as MXNet's own stores raise it), except
+in a server or scheduler process: those choose MXNet's engine before importing
+it, and never raise these to a user.
+"""
+from __future__ import annotations
+
+import os
+
+
+def _base() -> type:
+    if os.environ.get("KVX_ROLE") in ("server", "scheduler"):
+        return RuntimeError
+    try:
+        from mxnet.base import MXNetError
+    except ImportError:
+        return RuntimeError
+    return MXNetError
+
+
+class KVStoreError(_base()):
+    """An error reported by the kvstore (a server, the scheduler, or the worker's own checks)."""
+
+
+class NodeLostError(KVStoreError):
+    """A node of the job is gone, and the job stops (the subclass says which kind)."""
+
+
+class WorkerLostError(NodeLostError):
+    """A worker of the job died (and ``--on-worker-death fail`` stops the job)."""
+
+
+class ServerLostError(NodeLostError):
+    """A server of the job died or cannot be reached."""
+
+
+class SchedulerLostError(NodeLostError):
+    """The job's scheduler died or cannot be reached."""
+
+
+class JobAbortedError(KVStoreError):
+    """The scheduler stopped the job (the message says why)."""

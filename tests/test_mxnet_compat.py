@@ -1,0 +1,111 @@
+"""MXNet behaviours a kvstore_ext job must keep, checked in real jobs started by launch.py.
+
+- one array given several pulled values: the call returns, the last value wins as in MXNet;
+- asynchronous stores follow gluon.Trainer's dist_async rule for update_on_kvstore;
+- a worker of a job still has MXNet's own single-machine stores ('local', 'device').
+"""
+import os
+
+import mxnet as mx
+import pytest
+
+from conftest import JOBS, read_json
+
+# pull_same_array.py's pulls, as MXNet's own stores answer them (see the test below)
+EXPECTED_PULLS = {"pull_keys": [30.0, 30.0], "pull_keys_reordered": [30.0, 30.0],
+                  "pull_one_key": [10.0, 10.0], "pull_nested": [[20.0, 20.0], [20.0, 20.0]],
+                  "pull_str_keys": [13.0, 13.0]}
+ASYNC_ERROR = "ValueError: Please set update_on_kvstore=True when training in async mode."
+
+
+def test_mxnet_local_store_writes_the_largest_key_last():
+    """The rule the job below holds our stores to: MXNet's 'local' store, same calls."""
+    kv, kv_str = mx.kv.create("local"), mx.kv.create("local")   # MXNet: one key type a store
+    kv.init([3, 1, 2], [mx.nd.full((2,), v) for v in (30.0, 10.0, 20.0)])
+    kv_str.init(["z", "a", "m"], [mx.nd.full((2,), v) for v in (26.0, 1.0, 13.0)])
+    a, b = mx.nd.zeros((2,)), mx.nd.zeros((2,))
+    got = {}
+    kv.pull([3, 1, 2], out=[a, a, a])
+    got["pull_keys"] = a.asnumpy().tolist()
+    kv.pull([1, 3, 2], out=[a, a, a])
+    got["pull_keys_reordered"] = a.asnumpy().tolist()
+    kv.pull(1, out=[a, a, a])
+    got["pull_one_key"] = a.asnumpy().tolist()
+    kv.pull([2, 1], out=[[a, b], [b, a]])
+    got["pull_nested"] = [a.asnumpy().tolist(), b.asnumpy().tolist()]
+    kv_str.pull(["a", "m", "z"], out=[a, a, a])     # string keys: in the order first initialised
+    got["pull_str_keys"] = a.asnumpy().tolist()
+    assert got == EXPECTED_PULLS
+
+
+@pytest.mark.parametrize("kvstore", ["dist_bsp", "dist_asp", "dist_psp"])
+def test_one_array_receives_several_values(run_job, tmp_path, kvstore):
+    out = str(tmp_path / "report.json")
+    code, log = run_job(2, 2, [os.path.join(JOBS, "pull_same_array.py"), kvstore, out],
+                        timeout=180)
+    assert code == 0, log[-3000:]
+    report = read_json(out)
+    assert {k: report[k] for k in EXPECTED_PULLS} == EXPECTED_PULLS
+    n = report["num_workers"]
+    # pushpull into one array: key 3's new weight (30 less one per push applied so far)
+    (a, b), (c, d) = report["pushpull_keys"], report["pushpull_one_key"]
+    assert b == [30.0 - n] * 2 and d == [10.0 - 2 * n] * 2
+    assert a[0] in [30.0 - i for i in range(1, n + 1)] and a[0] == a[1], report
+    assert c[0] in [10.0 - n - i for i in range(1, n + 1)] and c[0] == c[1], report
+    if kvstore != "dist_asp":                   # synchronous: every push is in
+        assert a == b and c == d, report
+
+
+def trainer_report(run_job, tmp_path, kvstore):
+    out = str(tmp_path / "report")
+    code, log = run_job(2, 1, [os.path.join(JOBS, "async_update_on_kvstore.py"), kvstore, out],
+                        timeout=180)
+    assert code == 0, log[-3000:]
+    return [read_json(f"{out}.{rank}.json") for rank in range(2)]
+
+
+@pytest.mark.parametrize("kvstore", ["dist_asp", "dist_ssp", "dist_dssp"])
+def test_async_stores_follow_mxnet_dist_async_trainer_rule(run_job, tmp_path, kvstore):
+    """As MXNet 1.9's nightly dist_async test_gluon_trainer_type, also with
+    MXNET_UPDATE_ON_KVSTORE=0, for a store given by name or as an instance."""
+    for report in trainer_report(run_job, tmp_path, kvstore):
+        for env in ("None", "0"):
+            for form in ("name", "instance"):
+                key = f"env={env} {form} update_on_kvstore="
+                assert report[key + "False"] == [ASYNC_ERROR, False], (key, report)
+                assert report[key + "True"] == [True, True], (key, report)
+                assert report[key + "None"] == [True, True], (key, report)
+        assert report["env=0 step"] is True
+        # a raw push with no optimizer is refused on the worker, saying why
+        assert report["raw_push"].startswith("KVStoreError: "), report["raw_push"]
+        assert "set_optimizer" in report["raw_push"] and "asynchronous" in report["raw_push"]
+        assert report["asynchronous"] is True
+
+
+@pytest.mark.parametrize("kvstore", ["dist_bsp", "dist_psp"])
+def test_synchronous_stores_keep_mxnet_update_on_kvstore_choice(run_job, tmp_path, kvstore):
+    for report in trainer_report(run_job, tmp_path, kvstore):
+        assert report["raw_push"] == "accepted"
+        for env, default in (("None", True), ("0", False)):
+            for form in ("name", "instance"):
+                key = f"env={env} {form} update_on_kvstore="
+                assert report[key + "False"] == [False, True], (key, report)
+                assert report[key + "True"] == [True, True], (key, report)
+                assert report[key + "None"] == [default, True], (key, report)
+        assert report["env=0 step"] is False
+        assert report["asynchronous"] is False
+
+
+def test_mxnet_local_stores_work_in_a_job_worker(run_job, tmp_path):
+    out = str(tmp_path / "report")
+    code, log = run_job(2, 1, [os.path.join(JOBS, "local_stores_in_job.py"), out], timeout=180)
+    assert code == 0, log[-3000:]
+    for rank in range(2):
+        report = read_json(f"{out}.{rank}.json")
+        assert report["local"] == ["local", [2.0, 2.0]]
+        assert report["device"] == ["device", [2.0, 2.0]]
+        kv_type, weights = report["trainer"]
+        assert kv_type == "device"
+        # both devices' gradients summed (each sums 2 rows of ones), divided by 4: 1 - 0.1
+        assert weights[0] == weights[1] == [[pytest.approx(0.9)] * 3]
+        assert "unknown kvstore type 'dist_nonsense'" in report["dist_nonsense"]

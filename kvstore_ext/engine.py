@@ -48,6 +48,9 @@ _jobs: dict[int, tuple] = {}
 _finished: list = []        # jobs that ran; dropped by the next push, never on an engine thread
 _ids = itertools.count(1)
 _lock = threading.Lock()
+#: array handle -> how many operations of ours that write it have not run yet (an array in
+#: here is alive, held by its job, and allocated: its address was taken before the push)
+_writing: dict[int, int] = {}
 
 
 def _take(param):
@@ -67,6 +70,18 @@ def _run_sync(_rctx, param) -> None:
         job[0]()
     except Exception:   # never let an exception cross into the engine's C++ thread
         log.exception("kvstore_ext: an engine operation failed")
+    finally:
+        _done_writing(job[2])
+
+
+def _done_writing(handles) -> None:
+    with _lock:
+        for h in handles:
+            left = _writing.get(h, 0) - 1
+            if left > 0:
+                _writing[h] = left
+            else:
+                _writing.pop(h, None)
 
 
 def _run_async(_rctx, on_complete, param) -> None:
@@ -93,7 +108,7 @@ def _handles(arrays):
     return (ctypes.c_void_p * max(1, len(arrays)))(*[a.handle for a in arrays])
 
 
-def _register(fn, arrays) -> int:
+def _register(fn, arrays, writes=()) -> int:
     """Keep ``fn`` and its arrays alive until the engine has run it.
 
     No deleter is given to the engine: it may call one from its own thread while
@@ -105,7 +120,10 @@ def _register(fn, arrays) -> int:
     with _lock:
         dropped = _finished[:]
         del _finished[:]
-        _jobs[job_id] = (fn, list(arrays))
+        handles = [a.handle.value for a in writes]
+        for h in handles:
+            _writing[h] = _writing.get(h, 0) + 1
+        _jobs[job_id] = (fn, list(arrays), handles)
     del dropped
     return job_id
 
@@ -119,7 +137,7 @@ def run(fn, reads, writes, name: bytes = b"kvstore_ext") -> None:
 
     Later readers and writers of ``writes`` wait for it; an array may not be in both lists.
     """
-    job = _register(fn, [*reads, *writes])
+    job = _register(fn, [*reads, *writes], writes)
     check_call(_LIB.MXEnginePushSyncND(_RUN_SYNC, ctypes.c_void_p(job), None, ctypes.byref(_CPU),
                                        _handles(reads), len(reads), _handles(writes), len(writes),
                                        ctypes.byref(_CPU_PRIORITIZED), 0, ctypes.c_char_p(name)))
@@ -157,7 +175,8 @@ class Destination:
     an MKL-DNN layout back to the default one, which waits for the engine, and
     so for the very operation asking (a deadlock).
 
-    It also waits for the array's pending writes first: a fresh array
+    It also waits for the array's pending writes first (unless one of them is an
+    operation of ours, which took the address before): a fresh array
     (``mx.nd.zeros``) gets its memory only when the operation that fills it runs,
     on an engine thread, and MXNet does not lock that allocation: asking for the
     address at the same moment can allocate a second buffer, which the pulled
@@ -168,7 +187,10 @@ class Destination:
 
     def __init__(self, array):
         self.array = array
-        array.wait_to_read()
+        with _lock:
+            ours = array.handle.value in _writing   # then allocated already: no need to wait
+        if not ours:
+            array.wait_to_read()
         self.flat = host_view(array).reshape(-1)
 
     def write(self, parts) -> None:

@@ -26,6 +26,7 @@ import numpy as np
 ITEM_OPS = ("init", "push", "pushpull", "pull")
 OTHER_OPS = ("set_optimizer", "get_states", "set_states", "stats", "hello")
 MAX_DIMS = 32
+_NUMERIC_DTYPES: set = set()   # dtype strings already found numeric
 
 
 class ProtocolError(ValueError):
@@ -72,11 +73,14 @@ def check_item(op: str, item) -> tuple:
         raise ProtocolError(f"{op}: a key must be an int or a str, got {key!r:.80}")
     _int(item[1], "block")
     dtype = item[2]
-    try:
-        if not isinstance(dtype, str) or np.dtype(dtype).kind not in "biuf":
-            raise TypeError
-    except TypeError:
-        raise ProtocolError(f"{op}: key {key!r}: unsupported dtype {dtype!r:.40}") from None
+    if not isinstance(dtype, str) or dtype not in _NUMERIC_DTYPES:   # one set look-up per key
+        try:
+            if not isinstance(dtype, str) or np.dtype(dtype).kind not in "biuf":
+                raise TypeError
+        except TypeError:
+            raise ProtocolError(f"{op}: key {key!r}: unsupported dtype {dtype!r:.40}") from None
+        if len(_NUMERIC_DTYPES) < 64:
+            _NUMERIC_DTYPES.add(dtype)
     if op == "init":
         if len(item) != 5 or not isinstance(item[3], list) or len(item[3]) > MAX_DIMS:
             raise ProtocolError(f"init: key {key!r}: an item is [key, block, dtype, shape, size]")

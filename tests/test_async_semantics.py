@@ -28,12 +28,18 @@ def run(run_job, workers, kvstore, *args, options=()):
     return float(np.mean([r["accuracy"] for r in results])), staleness
 
 
-@pytest.mark.parametrize("workers", [2, 4])
-def test_dist_asp_trains_and_is_as_stale_as_native_dist_async(run_job, workers):
-    native_acc, native_st = run(run_job, workers, "dist_async", "--lr", "0.01")
-    acc, st = run(run_job, workers, "dist_asp", "--lr", "0.01")
-    assert native_acc >= 0.9 and acc >= 0.9, (native_acc, acc)
-    assert abs(acc - native_acc) <= 0.02, (native_acc, acc)
+@pytest.mark.parametrize("workers,seeds", [(2, [1]), (4, [1, 2, 3])])
+def test_dist_asp_trains_and_is_as_stale_as_native_dist_async(run_job, workers, seeds):
+    """With 4 workers a single run of either store spreads by about 2 points (0.929-0.951 over
+    3 seeds here), so the stores are compared on the mean of 3 seeds, run interleaved."""
+    native, mine = [], []
+    for seed in seeds:
+        native.append(run(run_job, workers, "dist_async", "--lr", "0.01", "--seed", str(seed)))
+        mine.append(run(run_job, workers, "dist_asp", "--lr", "0.01", "--seed", str(seed)))
+    native_acc, acc = np.mean([a for a, _ in native]), np.mean([a for a, _ in mine])
+    native_st, st = np.concatenate([s for _, s in native]), np.concatenate([s for _, s in mine])
+    assert native_acc >= 0.9 and acc >= 0.9, (native, mine)
+    assert abs(acc - native_acc) <= 0.02, ([a for a, _ in native], [a for a, _ in mine])
     # no push lost or doubled (each applied once: the probe counts them), and the gradients
     # are no staler than with MXNet's own store
     assert st.min() >= 0 and native_st.min() >= 0

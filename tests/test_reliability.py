@@ -14,7 +14,9 @@ PKG = os.path.join(JOBS, "pkg")
 
 
 def tagged(log: str, tag: str) -> list[dict]:
-    return [json.loads(line.split(tag + " ", 1)[1]) for line in log.splitlines()
+    """The JSON objects printed after ``tag``; another process's output may follow on the line."""
+    decoder = json.JSONDecoder()
+    return [decoder.raw_decode(line.split(tag + " ", 1)[1])[0] for line in log.splitlines()
             if line.startswith(tag + " ")]
 
 

@@ -55,6 +55,12 @@ def _register_with_mxnet() -> None:
         from . import gluon_compat  # noqa: F401  (gluon.Trainer's async rule for our stores)
         if _horovod_importable():
             from . import horovod_store  # noqa: F401  (dist_dcs3gd, dist_ssgd; horovod loads on use)
+        if os.environ.get("KVX_ROLE") == "worker" or "HOROVOD_RANK" in os.environ:
+            # A worker of a job that crashes in native code shows every thread's Python stack
+            # before MXNet's own "Segmentation fault" message (its handler, installed when mxnet
+            # was imported, still runs after this one).
+            import faulthandler
+            faulthandler.enable(all_threads=True)
 
 
 def _horovod_importable() -> bool:

@@ -167,31 +167,38 @@ def host_view(array) -> np.ndarray:
     return np.frombuffer(memory, dtype=dtype).reshape(array.shape)
 
 
-class Destination:
-    """Where an engine operation writes an output array: its memory, located up front.
+def settled_view(array) -> np.ndarray:
+    """:func:`host_view` taken only once the array surely has its memory.
 
-    The address is taken on the calling thread, before the operation is pushed:
-    asking for it inside the operation would make MXNet convert an array held in
-    an MKL-DNN layout back to the default one, which waits for the engine, and
-    so for the very operation asking (a deadlock).
+    The address is taken on the calling thread, before any operation that uses it
+    is pushed: asking for it inside the operation would make MXNet convert an array
+    held in an MKL-DNN layout back to the default one, which waits for the engine,
+    and so for the very operation asking (a deadlock).
 
-    It also waits for the array's pending writes first (unless one of them is an
+    It waits for the array's pending writes first (unless one of them is an
     operation of ours, which took the address before): a fresh array
-    (``mx.nd.zeros``) gets its memory only when the operation that fills it runs,
-    on an engine thread, and MXNet does not lock that allocation: asking for the
-    address at the same moment can allocate a second buffer, which the pulled
-    values then go to while the array keeps its zeros.
+    (``mx.nd.zeros``, a first gradient) gets its memory only when the operation
+    that fills it runs, on an engine thread, and MXNet does not lock that
+    allocation.  Asking for the address at the same moment can allocate a second
+    buffer: values written there are lost, and a view of a buffer being replaced
+    can point at freed memory (a segmentation fault).
     """
+    with _lock:
+        ours = array.handle.value in _writing   # then allocated already: no need to wait
+    if not ours:
+        array.wait_to_read()
+    return host_view(array)
+
+
+class Destination:
+    """Where an engine operation writes an output array: its memory, located up front
+    (:func:`settled_view`)."""
 
     __slots__ = ("array", "flat")
 
     def __init__(self, array):
         self.array = array
-        with _lock:
-            ours = array.handle.value in _writing   # then allocated already: no need to wait
-        if not ours:
-            array.wait_to_read()
-        self.flat = host_view(array).reshape(-1)
+        self.flat = settled_view(array).reshape(-1)
 
     def write(self, parts) -> None:
         """Copy in ``(start, stop, values)`` parts of the flattened array (the whole array, or

@@ -31,7 +31,7 @@ from mxnet.kvstore import KVStoreBase
 
 from . import config as cfg
 from .errors import KVStoreError
-from .engine import SimulatedLink, host_view, probe, run as run_in_engine
+from .engine import SimulatedLink, probe, run as run_in_engine, settled_view
 from .horovod_params import HOROVOD_STORE_TYPES, MKLDNN_ENV
 from .keys import as_list as _as_list, check_key as _check_key, pairs as _pairs
 from .metrics import WorkerMetrics, write_json
@@ -89,8 +89,8 @@ def _hvd():
 class _Key:
     """One parameter: the worker's weights and, for DC-S3GD, the update in flight."""
 
-    __slots__ = ("weight", "avg", "reduced", "pending", "corrected", "host", "step", "outs",
-                 "sim_s")
+    __slots__ = ("weight", "avg", "reduced", "pending", "corrected", "host", "grad", "step",
+                 "outs", "sim_s")
 
     def __init__(self, weight):
         self.weight = weight   # this worker's weights w_i
@@ -99,6 +99,7 @@ class _Key:
         self.pending = False   # DC-S3GD: ``reduced`` holds a mean not yet added to ``avg``
         self.corrected = None  # DC-S3GD, CPU path: the buffer of D, then of g̃
         self.host = None       # DC-S3GD, CPU path: numpy views of weight, avg, reduced, corrected
+        self.grad = None       # DC-S3GD, CPU path: (the gradient array, a numpy view of it)
         self.step = 0
         self.outs = []
         self.sim_s = 0.0
@@ -423,13 +424,16 @@ class DCS3GDStore(HorovodStore):
         Returns the gradient U must use (g̃ in ``st.corrected``, or g itself).
         """
         correct = st.pending and self.lambda0 > 0
-        if correct and st.corrected is None:
-            st.corrected = mx.nd.zeros(st.weight.shape, st.weight.context, dtype=st.weight.dtype)
-        if st.host is None or (correct and st.host[3] is None):
-            st.host = (host_view(st.weight), host_view(st.avg), host_view(st.reduced),
-                       host_view(st.corrected) if st.corrected is not None else None)
+        if st.host is None:     # the views are taken once, when the arrays surely have memory
+            if self.lambda0 > 0:
+                st.corrected = mx.nd.zeros(st.weight.shape, st.weight.context,
+                                           dtype=st.weight.dtype)
+            st.host = tuple(settled_view(a) if a is not None else None
+                            for a in (st.weight, st.avg, st.reduced, st.corrected))
+        if st.grad is None or st.grad[0] is not g:
+            st.grad = (g, settled_view(g))      # a first gradient may not have its memory yet
         w, avg, mean, gc = st.host
-        grad, pending, lambda0 = host_view(g), st.pending, self.lambda0
+        grad, pending, lambda0 = st.grad[1], st.pending, self.lambda0
 
         def catch_up():
             if pending:

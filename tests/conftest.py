@@ -83,6 +83,18 @@ def run_job(jobs):
     return run
 
 
+def tagged(log: str, tag: str) -> list[dict]:
+    """The JSON objects printed after ``tag``: other processes share the job's output, so their
+    text may come before the tag or after the object on the same line."""
+    decoder = json.JSONDecoder()
+    found = []
+    for line in log.splitlines():
+        at = line.find(tag + " {")
+        if at >= 0:
+            found.append(decoder.raw_decode(line, at + len(tag) + 1)[0])
+    return found
+
+
 def read_json(path: str) -> dict:
     with open(path) as f:
         return json.load(f)

@@ -5,13 +5,12 @@ only the kvstore name and launch.py's ``--backend`` change.  Its staleness probe
 worker, how many updates by others came between each pull and the push that followed, the
 same way for both stores.  docs/reliability.md has the multi-seed comparison at higher rates.
 """
-import json
 import os
 
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, tagged
 
 SCRIPT = os.path.join(ROOT, "scripts", "plain_gluon_mnist.py")
 
@@ -21,8 +20,7 @@ def run(run_job, workers, kvstore, *args, options=()):
     code, log = run_job(workers, 1, [SCRIPT, "--kvstore", kvstore, "--staleness-probe", *args],
                         *backend, *options, timeout=600)
     assert code == 0, log[-3000:]
-    results = [json.loads(line.split(" ", 1)[1]) for line in log.splitlines()
-               if line.startswith("RESULT ")]
+    results = tagged(log, "RESULT")
     assert len(results) == workers, log[-3000:]
     staleness = np.concatenate([r["staleness"] for r in results])
     return float(np.mean([r["accuracy"] for r in results])), staleness

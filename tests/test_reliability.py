@@ -1,6 +1,5 @@
 """A runtime that can be trusted: liveness under load, bounded memory, replays, floods, fuzzing,
 errors that are never lost.  Real scheduler, server and worker processes on 127.0.0.1."""
-import json
 import os
 import re
 import signal
@@ -8,16 +7,9 @@ import time
 
 import pytest
 
-from conftest import JOBS, ManualJob
+from conftest import JOBS, ManualJob, tagged
 
 PKG = os.path.join(JOBS, "pkg")
-
-
-def tagged(log: str, tag: str) -> list[dict]:
-    """The JSON objects printed after ``tag``; another process's output may follow on the line."""
-    decoder = json.JSONDecoder()
-    return [decoder.raw_decode(line.split(tag + " ", 1)[1])[0] for line in log.splitlines()
-            if line.startswith(tag + " ")]
 
 
 def test_heavy_async_load_finishes_with_defaults_and_bounded_memory(run_job):
@@ -80,7 +72,7 @@ def test_replayed_pushes_barriers_and_heartbeats_are_rejected(run_job, tmp_path,
     assert result["barrier_wait_s"] > 1.0, result                    # not released early
     assert log.count("WEIGHTS") == 2 and "expected" in log
     # the scheduler refused the 5 barriers and the 5 heartbeats
-    refused = json.loads(re.search(r"messages refused during the job: (\{.*\})", log).group(1))
+    refused = tagged(log, "messages refused during the job:")[0]
     assert refused == {"replayed": 10}, log[-3000:]
 
 
@@ -110,7 +102,7 @@ def test_fuzzed_authenticated_messages_stop_no_node_and_change_no_weight(run_job
     code, log = run_job(2, 1, [os.path.join(JOBS, "fuzz.py"), "--examples", "2600"],
                         timeout=600)
     assert code == 0, log[-3000:]
-    sent = json.loads(re.search(r"FUZZ sent (\{.*\})", log).group(1))
+    sent = tagged(log, "FUZZ sent")[0]
     assert sum(sent.values()) >= 5000, sent
     assert log.count("WEIGHTS") == 2
     assert "Traceback" not in log, log[-3000:]

@@ -10,12 +10,13 @@ HOROVOD_ENV := HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT
                HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO MAKEFLAGS=-j2
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench bench-kvstore bench-train bench-dssp-policy bench-dcs3gd reproduce \
+.PHONY: setup test test-fast demo bench bench-kvstore bench-train bench-dssp-policy bench-dcs3gd reproduce \
         reproduce-dssp reproduce-psp clean help
 
 help:
 	@echo "make demo    - set up (first time) and compare BSP, ASP, SSP and DSSP on a mixed-speed pair"
 	@echo "make test    - set up (first time) and run the test suite"
+	@echo "make test-fast - only the unit tests (no jobs; about a minute)"
 	@echo "make bench   - kvstore round rates and end-to-end training speed vs MXNet's own stores"
 	@echo "make reproduce - the DSSP and PSP-SGD papers' experiments at this machine's scale (about 75 minutes;"
 	@echo "                 make reproduce-dssp or make reproduce-psp for one of them)"
@@ -40,6 +41,10 @@ setup: $(STAMP) $(HVD)
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# the unit tier only: pure logic, no job started (about a minute)
+test-fast: setup
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 demo: setup
 	$(PY) scripts/demo.py

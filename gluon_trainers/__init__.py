@@ -1,4 +1,4 @@
 """Gluon integration for kvstore_ext: a batched Trainer, small models and data helpers."""
-from .trainer import Trainer, start_together
+from .trainer import Trainer, make_kvstore, start_together
 
-__all__ = ["Trainer", "start_together"]
+__all__ = ["Trainer", "make_kvstore", "start_together"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .data import load_mnist, shard
-from .results import evaluate
+from .evaluation import evaluate
 
 #: per-channel mean and standard deviation of the RGB training images, in [0, 1]
 CIFAR10_NORM = ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))

@@ -22,7 +22,7 @@ import os
 import random
 import time
 
-from kvstore_ext import config as cfg
+from kvstore_ext import jobenv, stragglers
 
 
 class Straggler:
@@ -30,7 +30,7 @@ class Straggler:
 
     def __init__(self, speed: float = 1.0, jitter: float = 0.0, seed: int = 0,
                  sleep=time.sleep, wait_all=None):
-        self.speed = cfg.parse_speeds(str(speed))[0]
+        self.speed = stragglers.parse_speeds(str(speed))[0]
         if not 0 <= jitter < 1:
             raise ValueError(f"speed jitter must be in [0, 1), got {jitter}")
         self.jitter = jitter
@@ -46,15 +46,15 @@ class Straggler:
     @classmethod
     def from_env(cls, rank: int, num_workers: int | None = None) -> "Straggler":
         """The speed of worker ``rank`` from ``KVX_WORKER_SPEED`` (set by launch.py --worker-speed)."""
-        raw = os.environ.get(cfg.WORKER_SPEED, "").strip()
+        raw = os.environ.get(jobenv.WORKER_SPEED, "").strip()
         if not raw:
             return cls(1.0)
-        speeds = cfg.parse_speeds(raw, num_workers)
+        speeds = stragglers.parse_speeds(raw, num_workers)
         if rank >= len(speeds) and len(speeds) != 1:
-            raise ValueError(f"{cfg.WORKER_SPEED}={raw!r} has no speed for worker {rank}")
+            raise ValueError(f"{jobenv.WORKER_SPEED}={raw!r} has no speed for worker {rank}")
         speed = speeds[0] if len(speeds) == 1 else speeds[rank]
-        jitter = float(os.environ.get(cfg.SPEED_JITTER, "0") or 0)
-        seed = int(os.environ.get(cfg.SPEED_SEED, "0") or 0)
+        jitter = float(os.environ.get(jobenv.SPEED_JITTER, "0") or 0)
+        seed = int(os.environ.get(jobenv.SPEED_SEED, "0") or 0)
         return cls(speed, jitter, seed * 1000 + rank)
 
     @property
@@ -88,7 +88,7 @@ class Straggler:
     def stretch(self, compute: float) -> float:
         """Sleep so that an iteration of ``compute`` seconds takes ``compute / speed``."""
         draw = self.rng.uniform(-self.jitter, self.jitter) if self.jitter else 0.0
-        extra = cfg.stretched_time(compute, self.speed, draw) - compute
+        extra = stragglers.stretched_time(compute, self.speed, draw) - compute
         if extra > 0:
             self._sleep(extra)
             self.slept += extra

@@ -30,6 +30,24 @@ class Trainer(gluon.Trainer):
             self._kvstore.pushpull(keys, grads, out=outs)
 
 
+def make_kvstore(name: str, **params):
+    """``(kv, rank, num_workers)`` for a script's ``--kvstore``.
+
+    A name without "dist" ('local', 'device', 'none') gives no store: one process, and Gluon
+    creates what its devices need.  Store parameters (``lambda0=0.1``) go through
+    ``kvstore_ext.create``; anything else through ``mx.kv.create``, MXNet's own stores included.
+    """
+    if "dist" not in name:
+        return None, 0, 1
+    if params:
+        import kvstore_ext
+        kv = kvstore_ext.create(name, **params)
+    else:
+        import mxnet as mx
+        kv = mx.kv.create(name)
+    return kv, kv.rank, kv.num_workers
+
+
 def start_together(kv) -> None:
     """Wait until every worker of the job is here, so that clocks started next agree.
 

@@ -4,21 +4,31 @@
 ``gluon.Trainer(params, 'sgd', ..., kvstore='dist_ssp')`` just works inside a
 job started by ``scripts/launch.py``.  ``kvstore_ext.create(name, **params)``
 gives a store with explicit parameters (for example ``staleness=2``).
+
+Layout (docs/architecture.md): ``registry`` (one row per store type), ``policies``
+(the synchronisation models, pure), ``ps`` (the parameter-server runtime on ZeroMQ),
+``horovod`` (the decentralised stores), ``launch`` (starting jobs), ``simulate`` and
+``experiments`` (tooling).
 """
 from __future__ import annotations
 
+from . import registry
 from .errors import (JobAbortedError, KVStoreError, NodeLostError, SchedulerLostError,
                      ServerLostError, WorkerLostError)
-from .config import STORE_TYPES, StoreConfig
-from .horovod_params import HOROVOD_STORE_TYPES
-from .policies import dssp_extra_iterations, make_policy
+from .policies import dssp_extra_iterations
+from .registry import STORE_TYPES, StoreConfig, StoreType, make_policy, register
 
 __version__ = "0.1.0"
 
-__all__ = ["create", "KVStoreError", "NodeLostError", "WorkerLostError", "ServerLostError",
-           "SchedulerLostError", "JobAbortedError", "STORE_TYPES", "StoreConfig",
-           "make_policy", "dssp_extra_iterations", "DistBSP", "DistASP", "DistSSP", "DistDSSP", "DistPSP",
-           "DistDCS3GD", "DistSSGD", "HOROVOD_STORE_TYPES"]
+#: the store classes by their public names (importing one loads mxnet, or horovod's binding)
+_CLASSES = {"DistBSP": "dist_bsp", "DistASP": "dist_asp", "DistSSP": "dist_ssp",
+            "DistDSSP": "dist_dssp", "DistPSP": "dist_psp", "DistDCS3GD": "dist_dcs3gd",
+            "DistSSGD": "dist_ssgd"}
+
+__all__ = ["create", "register", "StoreType", "KVStoreError", "NodeLostError",
+           "WorkerLostError", "ServerLostError", "SchedulerLostError", "JobAbortedError",
+           "STORE_TYPES", "StoreConfig", "make_policy", "dssp_extra_iterations",
+           "HOROVOD_STORE_TYPES", *_CLASSES]
 
 
 def create(name: str, **params):
@@ -26,22 +36,22 @@ def create(name: str, **params):
 
     The result is an ``mxnet.kvstore.KVStoreBase`` that ``gluon.Trainer`` accepts as ``kvstore=``.
     """
-    if str(name).lower() in HOROVOD_STORE_TYPES:   # decentralised, on Horovod
-        from .horovod_store import create_store
-        return create_store(name, **params)
-    from .store import STORE_CLASSES
     config = StoreConfig.build(name, params)   # names the bad type or parameter
-    return STORE_CLASSES[config.type](**config.params)
+    return registry.class_of(registry.lookup(config.type))(**config.params)
 
 
 def __getattr__(name):
-    # The store classes need mxnet; the scheduler and the policies do not.
-    if name in ("DistBSP", "DistASP", "DistSSP", "DistDSSP", "DistPSP", "ParameterServerStore"):
-        from . import store
-        return getattr(store, name)
-    if name in ("DistDCS3GD", "DistSSGD", "delay_compensated"):
-        from . import horovod_store
-        return getattr(horovod_store, name)
+    # The store classes need mxnet (and horovod); the scheduler and the policies do not.
+    if name in _CLASSES:
+        return registry.class_of(registry.lookup(_CLASSES[name]))
+    if name == "ParameterServerStore":
+        from .ps.store import ParameterServerStore
+        return ParameterServerStore
+    if name == "delay_compensated":
+        from .horovod.store import delay_compensated
+        return delay_compensated
+    if name == "HOROVOD_STORE_TYPES":
+        return {n: STORE_TYPES[n] for n in registry.names(registry.HOROVOD)}
     raise AttributeError(name)
 
 
@@ -50,11 +60,10 @@ def _register_with_mxnet() -> None:
     import sys
     if os.environ.get("KVX_ROLE") in ("server", "scheduler"):
         return   # those processes choose MXNet's engine before they import it
-    if "mxnet" in sys.modules or _mxnet_importable():
-        from . import store  # noqa: F401  (registers the dist_* stores)
-        from . import gluon_compat  # noqa: F401  (gluon.Trainer's async rule for our stores)
-        if _horovod_importable():
-            from . import horovod_store  # noqa: F401  (dist_dcs3gd, dist_ssgd; horovod loads on use)
+    if "mxnet" in sys.modules or _importable("mxnet"):
+        from . import mxnet_compat  # noqa: F401  (Trainer's async rule, create()'s guard)
+        runtimes = {registry.PS: _importable("zmq"), registry.HOROVOD: _importable("horovod")}
+        registry.on_register(lambda row: _file_with_mxnet(row, runtimes[row.backend]))
         if os.environ.get("KVX_ROLE") == "worker" or "HOROVOD_RANK" in os.environ:
             # A worker of a job that crashes in native code shows every thread's Python stack
             # before MXNet's own "Segmentation fault" message (its handler, installed when mxnet
@@ -63,14 +72,18 @@ def _register_with_mxnet() -> None:
             faulthandler.enable(all_threads=True)
 
 
-def _horovod_importable() -> bool:
+def _file_with_mxnet(row: StoreType, runtime_present: bool) -> None:
+    """Put a row's class in MXNet's registry, so ``mx.kv.create(row.name)`` builds it."""
+    if not runtime_present:
+        return    # no pyzmq or no horovod: the type stays known, its class cannot load
+    from mxnet.kvstore import KVStoreBase
+    KVStoreBase.kv_registry[row.name] = registry.class_of(row)
+
+
+def _importable(module: str) -> bool:
     import importlib.util
-    return importlib.util.find_spec("horovod") is not None
+    return importlib.util.find_spec(module) is not None
 
 
-def _mxnet_importable() -> bool:
-    import importlib.util
-    return importlib.util.find_spec("mxnet") is not None
-
-
+registry.load_plugins()
 _register_with_mxnet()

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from .config import STORE_TYPES, StoreConfig, parse_speeds
-from .horovod_params import HOROVOD_STORE_TYPES
+from .registry import STORE_TYPES, StoreConfig, is_horovod
+from .stragglers import parse_speeds
 
 TOP_KEYS = {"name", "description", "paper", "script", "args", "workers", "servers", "clusters",
             "trials", "targets", "paradigms", "timeout", "quick", "env"}
@@ -39,7 +39,7 @@ class Paradigm:
 
     def launch_options(self) -> list[str]:
         opts = ["--backend", self.backend] if self.backend != "kvstore_ext" else []
-        if self.kvstore in HOROVOD_STORE_TYPES:   # decentralised: workers only, on Horovod
+        if is_horovod(self.kvstore):   # decentralised: workers only, on Horovod
             opts += ["--launcher", "horovod"]
         for k, v in sorted(self.params.items()):
             if v is not None:   # None: the store's default
@@ -190,7 +190,7 @@ def load_experiment(path: str) -> Experiment:
 
 def _cluster_options(entry: dict, at: str, servers: int) -> dict:
     """A cluster's speed jitter and fault injection, checked as launch.py would check them."""
-    from .faults import parse_delay_replies, parse_slow_server
+    from .ps.faults import parse_delay_replies, parse_slow_server
     unknown = sorted(set(entry) - CLUSTER_KEYS)
     if unknown:
         raise ConfigError(f"{at}: unknown key {unknown[0]!r} (known: {', '.join(sorted(CLUSTER_KEYS))})")

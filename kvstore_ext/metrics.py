@@ -75,20 +75,13 @@ class ServerMetrics:
         }
 
     def _decisions(self) -> dict:
-        """The DSSP controller's decisions and bound changes (wall-clock times), if any."""
-        if self.decision_log is None or not hasattr(self.decision_log[2], "calls"):
+        """What the logged key's policy reports about its decisions (DSSP: its controller's
+        calls and bound changes, in wall-clock times), if anything."""
+        if self.decision_log is None:
             return {}
         key, block, policy = self.decision_log
-        wall = self._wall_offset
-        return {"dssp": {
-            "key": key, "block": block,
-            "staleness_lower": policy.lower, "staleness_upper": policy.upper,
-            "controller_calls": policy.controller_calls,
-            "calls": [{"time": c.time + wall, "worker": c.worker, "lead": c.lead,
-                       "extra": c.extra, "bound": c.bound, "ok": c.ok} for c in policy.calls],
-            "bound_changes": [{"time": t + wall, "worker": w, "bound": b}
-                              for t, w, b in policy.bound_changes],
-        }}
+        return {name: {"key": key, "block": block, **data}
+                for name, data in policy.report(self._wall_offset).items()}
 
 
 class WorkerMetrics:
@@ -99,8 +92,8 @@ class WorkerMetrics:
         self.calls = 0
         self.wait_time = 0.0
         self.compute_time = 0.0
-        self.bytes_sent = 0
-        self.bytes_received = 0
+        self.bytes_sent = 0        # array bytes this worker sent (pushes) or handed to allreduce
+        self.bytes_received = 0    # array bytes of the replies (pulls) or allreduce results
         self._last_end: float | None = None
         self._call_start = 0.0
 

@@ -14,8 +14,8 @@ import heapq
 import random
 from dataclasses import dataclass, field
 
-from .config import stretched_time
-from .policies import make_policy
+from .stragglers import stretched_time
+from . import registry
 
 
 @dataclass
@@ -49,7 +49,7 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
     """
     rng = random.Random(seed)
     n = len(speeds)
-    policy = make_policy(store_type, range(n), params)
+    policy = registry.make_policy(store_type, range(n), params)
     iterations = {w: 0 for w in range(n)}
     wait = {w: 0.0 for w in range(n)}
     pushed_at: dict[int, float] = {}
@@ -80,13 +80,13 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
     return SimResult(iterations, wait, max_lead, decisions, horizon, leads)
 
 
-PARADIGMS = {
-    "BSP": ("dist_bsp", {}),
-    "ASP": ("dist_asp", {}),
-    "SSP s=3": ("dist_ssp", {"staleness": 3}),
-    "SSP s=15": ("dist_ssp", {"staleness": 15}),
-    "DSSP 3..15": ("dist_dssp", {"staleness_lower": 3, "staleness_upper": 15}),
-}
+def paradigms(stores: list[str] | None = None) -> dict[str, tuple[str, dict]]:
+    """label -> (store type, parameters): each registry row's example settings, for every row
+    whose servers run a per-key policy (or the rows named in ``stores``)."""
+    rows = [registry.lookup(name) for name in stores] if stores else \
+        [row for row in registry.STORES.values() if row.policy is not None]
+    return {label: (row.name, row.check(params)) for row in rows if row.policy is not None
+            for label, params in row.settings()}
 
 
 def main(argv=None) -> int:
@@ -102,11 +102,15 @@ def main(argv=None) -> int:
     parser.add_argument("--latency", type=float, default=0.0,
                         help="time from OK to the next iteration's start (the pull)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the jitter")
+    parser.add_argument("--stores", default="",
+                        help="comma-separated store types to simulate (default: every type whose "
+                             "servers run a per-key policy, each with its example settings)")
     args = parser.parse_args(argv)
     speeds = [float(v) for v in args.speeds.split(",")]
     print(f"{'paradigm':<12} {'iterations':>10} {'per worker':>18} {'vs BSP':>7} {'max lead':>8}")
     base = None
-    for name, (store_type, params) in PARADIGMS.items():
+    chosen = [n for n in args.stores.split(",") if n.strip()] or None
+    for name, (store_type, params) in paradigms(chosen).items():
         r = simulate(store_type, params, speeds, args.time, jitter=args.jitter,
                      seed=args.seed, latency=args.latency)
         base = base or r.total_iterations

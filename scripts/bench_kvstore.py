@@ -88,7 +88,7 @@ def worker(args) -> int:
 
 
 def run_case(kvstore, backend, mode, shapes, workers, servers, rounds, warmup, tmp) -> float:
-    from kvstore_ext.launcher import run_local_job
+    from kvstore_ext.launch import run_local_job
     result = os.path.join(tmp, "r-{rank}.json")
     run_local_job(workers, servers,
                   [sys.executable, os.path.abspath(__file__), "--worker", "--kvstore", kvstore,
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
 
 
 def write_tables(rows, args) -> None:
-    from kvstore_ext.results import write_results
+    from kvstore_ext.reports import write_results
     print(write_results(args.out, "bench", rows, [
         ("model", "model", "{}"), ("workers", "workers", "{}"), ("servers", "servers", "{}"),
         ("store", "store", "{}"), ("rounds/s (median)", "rounds_per_s", "{:.1f}"),

@@ -19,8 +19,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from kvstore_ext.launcher import run_local_job  # noqa: E402
-from kvstore_ext.results import write_results  # noqa: E402
+from kvstore_ext.launch import run_local_job  # noqa: E402
+from kvstore_ext.reports import write_results  # noqa: E402
 
 # (label, kvstore, backend, trainer, baseline label)
 CASES = [

@@ -5,7 +5,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from kvstore_ext.launcher import main  # noqa: E402
+from kvstore_ext.launch import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

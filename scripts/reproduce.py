@@ -32,8 +32,8 @@ sys.path.insert(0, ROOT)
 from tqdm import tqdm  # noqa: E402
 
 from kvstore_ext.experiments import ConfigError, load_experiment, summarise  # noqa: E402
-from kvstore_ext.launcher import run_local_job  # noqa: E402
-from kvstore_ext.results import write_results  # noqa: E402
+from kvstore_ext.launch import run_local_job  # noqa: E402
+from kvstore_ext.reports import write_results  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -24,11 +24,12 @@ import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
 
-import kvstore_ext  # noqa: E402  (registers dist_dcs3gd, dist_ssgd)
+import gluon_trainers  # noqa: E402
+import kvstore_ext  # noqa: E402,F401  (registers dist_dcs3gd, dist_ssgd)
 from kvstore_ext.engine import SimulatedLink  # noqa: E402
 from gluon_trainers.data import load_mnist, shard  # noqa: E402
 from gluon_trainers.models import lenet  # noqa: E402
-from gluon_trainers.results import evaluate, finish_run  # noqa: E402
+from gluon_trainers.evaluation import evaluate, finish_run  # noqa: E402
 from gluon_trainers.schedules import WD_FACTOR, WarmupLinearDecay, no_weight_decay_on_bn_and_bias  # noqa: E402
 
 IMAGENET_FILES = ("train.rec", "val.rec")
@@ -122,14 +123,6 @@ def check_imagenet(data_dir: str | None) -> None:
                      f"the same configs/recipes/dcs3gd_*.yaml values")
 
 
-def make_kvstore(args):
-    if args.kvstore in ("local", "none"):
-        return None, 0, 1
-    params = {"lambda0": args.lambda0} if args.lambda0 is not None and args.kvstore == "dist_dcs3gd" else {}
-    kv = kvstore_ext.create(args.kvstore, **params)
-    return kv, kv.rank, kv.num_workers
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dataset == "imagenet":
@@ -138,7 +131,9 @@ def main(argv=None) -> int:
         raise SystemExit(f"unknown dataset {args.dataset!r} (mnist or imagenet)")
     mx.random.seed(args.seed)
     np.random.seed(args.seed)
-    kv, rank, num_workers = make_kvstore(args)
+    params = {"lambda0": args.lambda0} \
+        if args.lambda0 is not None and args.kvstore == "dist_dcs3gd" else {}
+    kv, rank, num_workers = gluon_trainers.make_kvstore(args.kvstore, **params)
     x_train, y_train, x_test, y_test = load_mnist(args.data, args.train_size, args.test_size)
     if not args.same_data:
         x_train, y_train = shard(x_train, y_train, rank, num_workers)

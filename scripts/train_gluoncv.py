@@ -43,15 +43,14 @@ import kvstore_ext  # noqa: E402,F401  (registers the kvstore_ext stores)
 from gluon_trainers import imagedata  # noqa: E402
 from gluon_trainers.imagedata import DataError  # noqa: E402
 from gluon_trainers.models import MODELS  # noqa: E402
-from gluon_trainers.results import finish_run  # noqa: E402
+from gluon_trainers.evaluation import finish_run  # noqa: E402
 from gluon_trainers.schedules import (  # noqa: E402
     WD_FACTOR,
     WarmupLinearDecay,
     no_weight_decay_on_bn_and_bias,
 )
 from gluon_trainers.straggler import Straggler  # noqa: E402
-from kvstore_ext.config import STORE_TYPES  # noqa: E402
-from kvstore_ext.horovod_params import HOROVOD_STORE_TYPES  # noqa: E402
+from kvstore_ext.registry import STORE_TYPES, is_horovod  # noqa: E402
 
 DATASETS = ("cifar10", "cifar100", "imagenet", "mnist", "synthetic")
 DEFAULT_CLASSES = {"cifar10": 10, "cifar100": 100, "imagenet": 1000, "mnist": 10, "synthetic": 10}
@@ -221,15 +220,6 @@ def build_model(name: str, classes: int):
                          f"gluoncv.model_zoo.get_model_list(), e.g. cifar_resnet56_v1, "
                          f"resnet50_v1, vgg16) or one of {', '.join(sorted(MODELS))}")
     return get_model(name, classes=classes)
-
-
-def make_kvstore(name: str):
-    """``(kv, rank, num_workers)``; a store object only for distributed types (Gluon needs
-    none for one process on one device)."""
-    if "dist" not in name:
-        return None, 0, 1
-    kv = mx.kv.create(name)
-    return kv, kv.rank, kv.num_workers
 
 
 def updates_per_iteration(kvstore: str, num_workers: int) -> int:
@@ -402,7 +392,7 @@ def train(args) -> int:
     classes = args.classes or DEFAULT_CLASSES[args.dataset]
     net = build_model(args.model, classes)          # both before joining the job: fail fast
     data = open_dataset(args)
-    kv, rank, num_workers = make_kvstore(args.kvstore)
+    kv, rank, num_workers = gluon_trainers.make_kvstore(args.kvstore)
     data.shard(rank, num_workers)
     steps_per_epoch = data.steps_per_epoch(args.batch_size)
     if steps_per_epoch < 1:
@@ -434,7 +424,7 @@ def train(args) -> int:
         print(f"train_gluoncv.py: MXNet's {kv.type} cannot hand out its servers' optimizer states: "
               f"checkpoints hold the weights and the schedule's position, not the momentum",
               file=sys.stderr, flush=True)
-    optimizer_on_servers = kv is not None and kv.type not in HOROVOD_STORE_TYPES
+    optimizer_on_servers = kv is not None and not is_horovod(kv.type)
     if ckpt and ckpt["states"]:
         trainer.load_states(ckpt["states"])
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()

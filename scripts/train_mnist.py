@@ -27,7 +27,7 @@ import kvstore_ext  # noqa: E402,F401  (registers the kvstore_ext stores)
 import gluon_trainers  # noqa: E402
 from gluon_trainers.data import load_mnist, shard  # noqa: E402
 from gluon_trainers.models import MODELS  # noqa: E402
-from gluon_trainers.results import evaluate, finish_run  # noqa: E402
+from gluon_trainers.evaluation import evaluate, finish_run  # noqa: E402
 from gluon_trainers.straggler import Straggler  # noqa: E402
 
 
@@ -73,8 +73,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     mx.random.seed(args.seed)
     np.random.seed(args.seed)
-    kv = mx.kv.create(args.kvstore)
-    rank, num_workers = kv.rank, kv.num_workers
+    kv, rank, num_workers = gluon_trainers.make_kvstore(args.kvstore)
     x_train, y_train, x_test, y_test = load_mnist(args.data, args.train_size, args.test_size)
     x_train, y_train = shard(x_train, y_train, rank, num_workers)
 

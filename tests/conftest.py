@@ -84,14 +84,15 @@ def run_job(jobs):
 
 
 def tagged(log: str, tag: str) -> list[dict]:
-    """The JSON objects printed after ``tag``: other processes share the job's output, so their
-    text may come before the tag or after the object on the same line."""
+    """The JSON objects printed after ``tag``.  The job's processes share one output: another
+    process's text may come before the tag or right after the object, and two processes'
+    objects may share a line (``print`` writes the text and the newline separately)."""
     decoder = json.JSONDecoder()
-    found = []
-    for line in log.splitlines():
-        at = line.find(tag + " {")
-        if at >= 0:
-            found.append(decoder.raw_decode(line, at + len(tag) + 1)[0])
+    found, at = [], log.find(tag + " {")
+    while at >= 0:
+        value, end = decoder.raw_decode(log, at + len(tag) + 1)
+        found.append(value)
+        at = log.find(tag + " {", end)
     return found
 
 
@@ -127,12 +128,12 @@ class ManualJob:
                    KVX_NUM_SERVER=str(servers), KVX_SCHEDULER_HOST="127.0.0.1",
                    KVX_ON_WORKER_DEATH=on_death, KVX_HEARTBEAT_INTERVAL="0.2",
                    KVX_HEARTBEAT_TIMEOUT=str(heartbeat_timeout), PYTHONUNBUFFERED="1")
-        sched = self.start([sys.executable, "-m", "kvstore_ext.scheduler"], env, "scheduler",
+        sched = self.start([sys.executable, "-m", "kvstore_ext.ps.scheduler"], env, "scheduler",
                            stdout=subprocess.PIPE)
         port = sched.stdout.readline().decode().strip().split("=")[1]
         env["KVX_SCHEDULER_PORT"] = port
         self.env = env
-        self.servers = [self.start([sys.executable, "-m", "kvstore_ext.server"], env, "server")
+        self.servers = [self.start([sys.executable, "-m", "kvstore_ext.ps.server"], env, "server")
                         for _ in range(servers)]
         self.scheduler = sched
         self.logs = []

@@ -65,6 +65,13 @@ class SyncPolicy:
         """A worker left the job: it must no longer hold the others back."""
         raise NotImplementedError
 
+    def report(self, wall_offset: float = 0.0) -> dict:
+        """What the model has to say in the server's metrics, by section name (none here).
+
+        ``wall_offset`` turns the policy's times (the server's ``now``) into wall-clock times.
+        """
+        return {}
+
     def _check_member(self, worker: int) -> None:
         problem = self.check_push(worker)
         if problem:

@@ -140,3 +140,14 @@ class DSSPPolicy(BoundedLeadPolicy):
     def _forget(self, worker: int) -> None:
         self.extension.pop(worker, None)
         self.push_times.pop(worker, None)
+
+    def report(self, wall_offset: float = 0.0) -> dict:
+        """The controller's decisions and the bound changes (recorded ones, with ``record``)."""
+        return {"dssp": {
+            "staleness_lower": self.lower, "staleness_upper": self.upper,
+            "controller_calls": self.controller_calls,
+            "calls": [{"time": c.time + wall_offset, "worker": c.worker, "lead": c.lead,
+                       "extra": c.extra, "bound": c.bound, "ok": c.ok} for c in self.calls],
+            "bound_changes": [{"time": t + wall_offset, "worker": w, "bound": b}
+                              for t, w, b in self.bound_changes],
+        }}

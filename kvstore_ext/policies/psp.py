@@ -123,6 +123,10 @@ class PartialPushPolicy:
         self.members.discard(worker)
         return self._close_if_due(now)
 
+    def report(self, wall_offset: float = 0.0) -> dict:
+        """Nothing beyond the server's own counts (dropped pushes are there)."""
+        return {}
+
     def _close_if_due(self, now: float) -> PushOutcome:
         everyone = self.summed > 0 and self.members <= self.pushed
         timed_out = self.deadline is not None and now >= self.deadline

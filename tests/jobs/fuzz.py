@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvstore_ext  # noqa: F401
-from kvstore_ext.protocol import check_request
-from kvstore_ext.scheduler import OPS, ROLES
-from kvstore_ext.transport import Codec
+from kvstore_ext.ps.protocol import check_request
+from kvstore_ext.ps.scheduler import OPS, ROLES
+from kvstore_ext.ps.transport import Codec
 
 LR = 2.0 ** -6
 OPS_SERVER = ["init", "push", "pushpull", "pull", "set_optimizer", "get_states", "set_states",

@@ -29,12 +29,12 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from . import config as cfg
-from .errors import KVStoreError
-from .engine import SimulatedLink, probe, run as run_in_engine, settled_view
-from .horovod_params import HOROVOD_STORE_TYPES, MKLDNN_ENV
-from .keys import as_list as _as_list, check_key as _check_key, pairs as _pairs
-from .metrics import WorkerMetrics, write_json
+from .. import jobenv, registry
+from ..errors import KVStoreError
+from ..engine import SimulatedLink, probe, run as run_in_engine, settled_view
+from .params import MKLDNN_ENV
+from ..keys import as_list as _as_list, check_key as _check_key, pairs as _pairs
+from ..metrics import WorkerMetrics, write_json
 from .overlap import OverlapMeter
 
 #: seconds of simulated communication per step (spread over the keys by size); tests, benches
@@ -112,11 +112,7 @@ class HorovodStore(KVStoreBase):
     lag = 0
 
     def __init__(self, **params):
-        env_params = cfg.params_from_env()
-        allowed = set(HOROVOD_STORE_TYPES[self.store_type][0])
-        merged = {k: v for k, v in env_params.items() if k in allowed}
-        merged.update(params)
-        config = cfg.StoreConfig.build(self.store_type, merged)
+        config = registry.job_config(self.store_type, params, strict=False)
         self._type, self._params = config.type, config.params
         # MKL-DNN arrays cannot be read in place (MXNet reorders them first, and waits)
         self._mkldnn = (os.environ.get(MKLDNN_ENV, "1") != "0"
@@ -323,6 +319,11 @@ class HorovodStore(KVStoreBase):
         if self.num_workers > 1:
             self._hvd.allreduce_(st.reduced, op=self._hvd.Average, name=f"kvx.{self._type}.{k}",
                                  priority=priority)
+            # the array handed to allreduce, and the mean that comes back (what goes over the
+            # wire depends on Gloo's algorithm: about twice this for a ring)
+            nbytes = st.reduced.size * np.dtype(st.reduced.dtype).itemsize
+            self._metrics.bytes_sent += nbytes
+            self._metrics.bytes_received += nbytes
         if measure:
             probe(lambda: self._meter.done(r, time.perf_counter()), [st.reduced])
 
@@ -365,7 +366,7 @@ class HorovodStore(KVStoreBase):
         """Write :meth:`stats` as JSON (default: ``$KVX_METRICS_DIR/worker-<rank>.json``)."""
         data = self.stats()
         if path is None:
-            directory = os.environ.get(cfg.METRICS_DIR)
+            directory = os.environ.get(jobenv.METRICS_DIR)
             if not directory:
                 return None
             return write_json(directory, f"worker-{self.rank}.json", data)
@@ -493,15 +494,4 @@ DistDCS3GD = _register("dist_dcs3gd", DCS3GDStore,
                        "DC-S3GD on Horovod: overlapped allreduce of updates, delay-compensated.")
 DistSSGD = _register("dist_ssgd", SSGDStore,
                      "Synchronous SGD on Horovod: blocking mean of gradients (the baseline).")
-
-STORE_CLASSES = {"dist_dcs3gd": DistDCS3GD, "dist_ssgd": DistSSGD}
-
-
-def create_store(name: str, **params):
-    """``create_store('dist_dcs3gd', lambda0=0.1)``; names a bad type or parameter."""
-    config = cfg.StoreConfig.build(name, params)
-    if config.type not in STORE_CLASSES:
-        raise ValueError(f"{config.type} is not a Horovod store (those are "
-                         f"{', '.join(sorted(STORE_CLASSES))})")
-    return STORE_CLASSES[config.type](**config.params)
 

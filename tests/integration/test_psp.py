@@ -12,8 +12,8 @@ import pytest
 
 import kvstore_ext
 from conftest import ROOT, read_json
-from kvstore_ext.faults import FaultPlan, parse_delay_replies, parse_slow_server
-from kvstore_ext.partition import Partitioner
+from kvstore_ext.ps.faults import FaultPlan, parse_delay_replies, parse_slow_server
+from kvstore_ext.ps.partition import Partitioner
 from kvstore_ext.policies.psp import (HeldVersions, PartialPull, PartialPushPolicy,
                                       check_psp_params, resolve_min_pushes)
 
@@ -106,7 +106,7 @@ class _Replies:
 def test_dist_psp_stamps_with_the_newest_version_whatever_order_replies_complete(monkeypatch):
     """The worker's own bookkeeping (DistPSP._plan / _await) in the order of the defect: the
     broadcast pull is sent first, the pushpull second, and the pull's reply completes last."""
-    from kvstore_ext.store import DistPSP, ParameterServerStore
+    from kvstore_ext.ps.store import DistPSP, ParameterServerStore
 
     conn = _Replies()
 

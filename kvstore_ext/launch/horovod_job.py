@@ -12,8 +12,6 @@ The same job by hand: ``horovodrun -np 2 -H localhost:2 --gloo python train.py``
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shlex
 import shutil
@@ -21,55 +19,26 @@ import signal
 import sys
 import time
 
-from . import config as cfg
-from .horovod_params import MKLDNN_ENV
-from .launcher import Job, Node, parse_env_pairs, parse_kv_params, read_hostfile
+from .. import jobenv
+from ..horovod.params import MKLDNN_ENV
+from .hosts import loopback_interface, read_hostfile
+from .options import parse_env_pairs, store_env, straggler_env, worker_command
+from .process import Node, Supervisor
 
 LOCALHOST = "localhost"
 
 
-def loopback_interface() -> str:
-    """The name of the interface holding 127.0.0.1 (Gloo binds to an interface by name)."""
-    try:
-        import psutil
-        for name, addrs in psutil.net_if_addrs().items():
-            if any(a.address == "127.0.0.1" for a in addrs):
-                return name
-    except ImportError:
-        pass
-    return "lo"
-
-
-class _Served:
-    """Stands in for the scheduler process: the rendezvous server lives in the launcher."""
-
-    class _Proc:
-        pid = os.getpid()
-
-        @staticmethod
-        def poll():
-            return 0
-
-        @staticmethod
-        def wait(timeout=None):
-            return 0
-
-    name = "rendezvous"
-    proc = _Proc()
-
-    @staticmethod
-    def signal(sig) -> None:
-        pass
-
-
-class HorovodJob(Job):
-    """Workers only, with an in-process Gloo rendezvous; supervised like any job."""
+class HorovodJob:
+    """Workers only, with Horovod's Gloo rendezvous server in the launcher; supervised like
+    any job."""
 
     def __init__(self, args):
-        local = argparse.Namespace(**vars(args))
-        local.launcher = "local"
-        super().__init__(local)
-        self.launcher = "horovod"
+        if args.num_workers < 1:
+            raise SystemExit("launch.py: -n must be at least 1")
+        self.args = args
+        self.command = worker_command(args, local=True)
+        self.straggler_env = straggler_env(args)
+        self.supervisor = Supervisor(args.timeout)
         self.rendezvous = None
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
         self.slots = get_host_assignments(parse_hosts(f"{LOCALHOST}:{args.num_workers}"),
@@ -78,7 +47,7 @@ class HorovodJob(Job):
     def worker_env(self, slot, port: int) -> dict:
         a = self.args
         env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("DMLC_", "HOROVOD_")) and k not in cfg.IDENTITY_VARIABLES}
+               if not k.startswith(("DMLC_", "HOROVOD_")) and k not in jobenv.IDENTITY_VARIABLES}
         # MXNet's MKL-DNN layouts (blocked, sometimes padded) reach Horovod's allreduce from
         # convolutions and break it (a failed check or a size mismatch between ranks): off,
         # unless the job's options say otherwise
@@ -86,10 +55,7 @@ class HorovodJob(Job):
         env.update(parse_env_pairs(a.env))
         env.update(parse_env_pairs(a.env_worker))
         env.update(self.straggler_env)   # --worker-speed
-        if a.kv_param:
-            env[cfg.STORE_PARAMS] = json.dumps(parse_kv_params(a.kv_param))
-        if a.metrics_dir:
-            env[cfg.METRICS_DIR] = os.path.abspath(a.metrics_dir)
+        env.update(store_env(a))
         env.update({
             "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
             "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
@@ -100,30 +66,33 @@ class HorovodJob(Job):
             "PYTHONUNBUFFERED": "1"})
         return env
 
-    def start_scheduler(self) -> int:
-        from horovod.runner.http.http_server import RendezvousServer
-        self.rendezvous = RendezvousServer()
-        port = self.rendezvous.start()
-        self.rendezvous.init(self.slots)
-        self.scheduler = _Served()
-        return port
-
     def plan(self, port: int) -> list[Node]:
         return [Node(f"worker {s.rank}", list(self.command), self.worker_env(s, port))
                 for s in self.slots]
 
-    def dry_run(self) -> None:
-        print("Gloo rendezvous server in the launcher (127.0.0.1, a free port)")
-        for node in self.plan(0):
-            shown = {k: v for k, v in node.env.items() if k.startswith(("HOROVOD_", "KVX_"))}
-            print(f"{node.name}: {shlex.join(node.argv)}")
-            print(f"    env: {' '.join(f'{k}={v}' for k, v in sorted(shown.items()))}")
+    def start(self) -> None:
+        from horovod.runner.http.http_server import RendezvousServer
+        self.rendezvous = RendezvousServer()
+        port = self.rendezvous.start()
+        self.rendezvous.init(self.slots)
+        for node in self.plan(port):
+            self.supervisor.spawn(node)
 
-    def teardown(self) -> None:
-        super().teardown()
+    def stop_rendezvous(self) -> None:
         if self.rendezvous is not None:
             self.rendezvous.stop()
             self.rendezvous = None
+
+    def dry_run(self) -> None:
+        print("Gloo rendezvous server in the launcher (127.0.0.1, a free port)")
+        for node in self.plan(0):
+            print(node.describe(("HOROVOD_", "KVX_")))
+
+    def run(self) -> int:
+        if self.args.dry_run:
+            self.dry_run()
+            return 0
+        return self.supervisor.run(self.start, cleanup=self.stop_rendezvous)
 
 
 def horovodrun_argv(args, command: list[str]) -> list[str]:
@@ -139,16 +108,11 @@ def horovodrun_argv(args, command: list[str]) -> list[str]:
 
 def run_horovodrun(args) -> int:
     """Several hosts: horovodrun starts and supervises the ranks; we stop it on Ctrl-C."""
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        raise SystemExit("launch.py: give the command each worker runs")
+    command = worker_command(args, local=False)
     env = dict(os.environ)
     env.update(parse_env_pairs(args.env))
     env.update(parse_env_pairs(args.env_worker))
-    if args.kv_param:
-        env[cfg.STORE_PARAMS] = json.dumps(parse_kv_params(args.kv_param))
-    if args.metrics_dir:
-        env[cfg.METRICS_DIR] = os.path.abspath(args.metrics_dir)
+    env.update(store_env(args))
     node = Node("horovodrun", horovodrun_argv(args, command), env)
     if args.dry_run:
         print(shlex.join(node.argv))

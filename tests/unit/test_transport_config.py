@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 import kvstore_ext
-from kvstore_ext.config import StoreConfig
-from kvstore_ext.partition import Partitioner
-from kvstore_ext.transport import AuthError, Codec, array_from_buffer
+from kvstore_ext.registry import StoreConfig
+from kvstore_ext.ps.partition import Partitioner
+from kvstore_ext.ps.transport import AuthError, Codec, array_from_buffer
 
 SECRET = bytes(range(32))
 
@@ -93,7 +93,7 @@ def test_creating_outside_a_job_says_how_to_launch(monkeypatch):
 
 
 def test_inbox_rejects_replays_old_counters_and_other_addressees():
-    from kvstore_ext.transport import MisaddressedError, ReplayError
+    from kvstore_ext.ps.transport import MisaddressedError, ReplayError
     sender, receiver = Codec(SECRET), Codec(SECRET, names={"server:0"})
     outbox, inbox = sender.outbox(), receiver.inbox()
     first = [bytes(f) for f in sender.seal({"op": "push"}, to="server:0", outbox=outbox)]
@@ -129,13 +129,13 @@ def test_inbox_rejects_replays_old_counters_and_other_addressees():
     ({"op": "push", "seq": True, "worker": 0, "reply_to": "r", "items": [[0, 0, "<f4", 4]]}, "seq"),
 ])
 def test_request_schema_names_what_is_wrong(header, problem):
-    from kvstore_ext.protocol import ProtocolError, check_request
+    from kvstore_ext.ps.protocol import ProtocolError, check_request
     with pytest.raises(ProtocolError, match=problem):
         check_request(header, num_workers=2)
 
 
 def test_request_schema_accepts_every_request_the_workers_send():
-    from kvstore_ext.protocol import check_request
+    from kvstore_ext.ps.protocol import check_request
     base = {"seq": 3, "worker": 1, "reply_to": "rx-1"}
     for header in ({"op": "init", "items": [[0, 0, "<f4", [2, 3], 6], ["w", 1, "<f2", [10], 5]],
                     "has_value": True},
@@ -149,7 +149,7 @@ def test_request_schema_accepts_every_request_the_workers_send():
 def test_oversized_frames_and_too_many_frames_are_refused_before_they_are_read():
     import zmq
 
-    from kvstore_ext.transport import LimitError, Limits, configure, recv_message
+    from kvstore_ext.ps.transport import LimitError, Limits, configure, recv_message
     ctx = zmq.Context()
     try:
         limits = Limits(max_frame_bytes=1 << 20, max_frames=16)

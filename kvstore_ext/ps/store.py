@@ -18,22 +18,23 @@ import mxnet as mx
 import numpy as np
 from mxnet.kvstore import KVStoreBase
 
-from . import config as cfg
-from . import engine
+from .. import registry
+from .. import engine
 from .batching import Coalescer
-from .client import Connection
-from .errors import KVStoreError
-from .keys import as_list as _as_list, check_key as _check_key, pairs as _pairs
-from .metrics import WorkerMetrics, write_json
+from .link import Connection
+from ..errors import KVStoreError
+from ..keys import as_list as _as_list, check_key as _check_key, pairs as _pairs
+from ..metrics import WorkerMetrics, write_json
 from .partition import Partitioner
-from .policies.psp import HeldVersions, PartialPull, resolve_min_pushes
+from ..policies.psp import HeldVersions, PartialPull, resolve_min_pushes
+from .protocol import BLOCK, KEY, Op
 
 log = logging.getLogger("kvstore_ext")
 
 _connection: Connection | None = None
 
 
-def _shared_connection(store: cfg.StoreConfig) -> Connection:
+def _shared_connection(store: registry.StoreConfig) -> Connection:
     """One job link per process, as MXNet has one ps-lite node per process."""
     global _connection
     if _connection is None or _connection.closed:
@@ -50,15 +51,7 @@ class ParameterServerStore(KVStoreBase):
     store_type = ""
 
     def __init__(self, **params):
-        env_params = cfg.params_from_env()
-        allowed = set(cfg.STORE_TYPES[self.store_type][0])
-        known_anywhere = {p for names, _ in cfg.STORE_TYPES.values() for p in names}
-        unknown = sorted(set(env_params) - known_anywhere)
-        if unknown:
-            raise ValueError(f"{cfg.STORE_PARAMS} names an unknown kvstore parameter {unknown[0]!r}")
-        merged = {k: v for k, v in env_params.items() if k in allowed}
-        merged.update(params)
-        self._config = cfg.StoreConfig.build(self.store_type, merged)
+        self._config = registry.job_config(self.store_type, params)
         self._conn = _shared_connection(self._config)
         self._part = Partitioner(self._conn.num_servers, self._conn.env.bigarray_bound)
         self._meta: dict = {}          # key -> (shape, dtype)
@@ -135,7 +128,7 @@ class ParameterServerStore(KVStoreBase):
                 entry[0].append([k, b.index, dtype.str, list(shape), b.size])
                 if send_values:
                     entry[1].append(np.ascontiguousarray(flat[b.start:b.stop]))
-        self._conn.request({s: ({"op": "init", "items": its, "has_value": send_values}, bufs)
+        self._conn.request({s: ({"op": Op.INIT, "items": its, "has_value": send_values}, bufs)
                             for s, (its, bufs) in items.items()})
         for k, v in _pairs(key, value):
             v = _as_list(v)[0]
@@ -147,14 +140,14 @@ class ParameterServerStore(KVStoreBase):
 
     def push(self, key, value, priority=0):
         """Push gradients; returns once the servers give OK (the store's synchronisation)."""
-        self._exchange("push", _pairs(key, value), None)
+        self._exchange(Op.PUSH, _pairs(key, value), None)
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         """Pull weights into ``out``; like MXNet, the arrays are filled through the engine."""
         if out is None:
             raise ValueError("pull needs out=")
         outs = _pairs(key, out, "out")
-        self._exchange("pull", [(k, None) for k, _ in outs], outs)
+        self._exchange(Op.PULL, [(k, None) for k, _ in outs], outs)
 
     def pushpull(self, key, value, out=None, priority=0):
         """Push gradients and pull the weights back, one message per server.
@@ -165,7 +158,7 @@ class ParameterServerStore(KVStoreBase):
         """
         pairs = _pairs(key, value)
         outs = _pairs(key, out, "out") if out is not None else pairs
-        self._exchange("pushpull", pairs, outs)
+        self._exchange(Op.PUSHPULL, pairs, outs)
 
     def _exchange(self, op: str, pairs, outs) -> None:
         """Send one call; write the values it brings back into the ``outs`` arrays.
@@ -177,7 +170,7 @@ class ParameterServerStore(KVStoreBase):
         value of the last key in that order.
         """
         self._raise_deferred()
-        if op != "pull" and getattr(self, "asynchronous", False) and self._updater is None:
+        if op != Op.PULL and getattr(self, "asynchronous", False) and self._updater is None:
             # the servers would keep the summed gradients as the weights, and every worker
             # would pull a different mixture: MXNet's async server aborts here instead
             raise KVStoreError(f"{self.type} is asynchronous: the servers update the weights, so "
@@ -191,37 +184,42 @@ class ParameterServerStore(KVStoreBase):
         arrays = list(distinct.values())
         in_engine = bool(arrays) and engine.on_cpu(arrays)
         self._metrics.begin_call()
-        if op != "pull":
+        if op != Op.PULL:
             self._metrics.count_pushes(k for k, _ in pairs)
         if in_engine:
             places = {h: engine.Destination(o) for h, o in distinct.items()}
             targets = [(k, places[o.handle.value]) for k, o in targets]
-        if in_engine and op == "pushpull" and len(pairs) == 1 and self._coalescer is not None:
-            batch = self._coalescer.add(op, _check_key(pairs[0][0]), plan)
-            engine.push(lambda: self._complete(targets, lambda: self._batch_values(batch)), arrays)
-            self._metrics.end_call()
-            return
-        self._flush()
-        tickets = self._conn.send({s: ({"op": op, "items": its}, bufs)
-                                   for s, (its, bufs, _) in plan.items()})
-        if in_engine:
-            engine.push(lambda: self._complete(
-                targets, lambda: dict(self._values(plan, self._await(op, tickets, plan)))), arrays)
-            self._metrics.end_call()
-            return
+        if in_engine and op == Op.PUSHPULL and len(pairs) == 1 and self._coalescer is not None:
+            batch = self._coalescer.add(op, _check_key(pairs[0][0]), plan)   # sent with others
+
+            def fetch():
+                return self._batch_values(batch)
+        else:
+            self._flush()
+            tickets = self._conn.send({s: ({"op": op, "items": its}, bufs)
+                                       for s, (its, bufs, _) in plan.items()})
+
+            def fetch():
+                return dict(self._values(plan, self._await(op, tickets, plan)))
         try:
-            values = dict(self._values(plan, self._await(op, tickets, plan)))
-            for k, o in targets:
-                parts = values.get(k, ())
-                if len(parts) == 1 and parts[0][1] - parts[0][0] == o.size:
-                    o._sync_copyfrom(parts[0][2].reshape(o.shape))
-                elif parts:         # some blocks (a partial pull keeps the others)
-                    flat = o.asnumpy().reshape(-1)
-                    for start, stop, value in parts:
-                        flat[start:stop] = value
-                    o._sync_copyfrom(flat.reshape(o.shape))
+            if in_engine:   # the weights are written when the replies come; readers wait
+                engine.push(lambda: self._complete(targets, fetch), arrays)
+            else:           # arrays MXNet's engine cannot hand us (GPU): copied in now
+                self._copy_in(targets, fetch())
         finally:
             self._metrics.end_call()
+
+    @staticmethod
+    def _copy_in(targets, values) -> None:
+        for k, o in targets:
+            parts = values.get(k, ())
+            if len(parts) == 1 and parts[0][1] - parts[0][0] == o.size:
+                o._sync_copyfrom(parts[0][2].reshape(o.shape))
+            elif parts:         # some blocks (a partial pull keeps the others)
+                flat = o.asnumpy().reshape(-1)
+                for start, stop, value in parts:
+                    flat[start:stop] = value
+                o._sync_copyfrom(flat.reshape(o.shape))
 
     def _await(self, op: str, tickets, plan) -> dict:
         """The replies of one call, per server (``dist_psp`` goes on with some of them)."""
@@ -346,14 +344,14 @@ class ParameterServerStore(KVStoreBase):
         """Send MXNet's optimizer (pickled, authenticated) to every server."""
         self._settle()
         blob = pickle.dumps(optimizer)
-        self._conn.request({s: ({"op": "set_optimizer"}, [blob])
+        self._conn.request({s: ({"op": Op.SET_OPTIMIZER}, [blob])
                             for s in range(self.num_servers)})
         self._updater = mx.optimizer.get_updater(optimizer)
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
         """Gather the servers' optimizer states into MXNet's Updater file format."""
         self._settle()
-        replies = self._conn.request({s: ({"op": "get_states"}, [])
+        replies = self._conn.request({s: ({"op": Op.GET_STATES}, [])
                                       for s in range(self.num_servers)})
         per_key: dict = {}
         for server, (header, buffers) in replies.items():
@@ -383,7 +381,7 @@ class ParameterServerStore(KVStoreBase):
             size = int(np.prod(shape)) if shape else _state_size(state)
             for b in self._part.blocks(key, size):
                 per_server[b.server][key] = _slice_state(state, b.start, b.stop)
-        self._conn.request({s: ({"op": "set_states"}, [pickle.dumps((st, optimizer))])
+        self._conn.request({s: ({"op": Op.SET_STATES}, [pickle.dumps((st, optimizer))])
                             for s, st in per_server.items()})
         if optimizer is not None or self._updater is None:
             self._updater = mx.optimizer.get_updater(optimizer or mx.optimizer.SGD())
@@ -393,12 +391,15 @@ class ParameterServerStore(KVStoreBase):
     def barrier(self):
         """Wait until every live worker of the job reaches this point."""
         self._settle()
-        self._conn.scheduler_call({"op": "barrier"})
+        self._conn.scheduler_call({"op": Op.BARRIER})
 
     def stats(self) -> dict:
         """This worker's metrics and every server's, read live."""
         self._settle()
-        replies = self._conn.request({s: ({"op": "stats"}, []) for s in range(self.num_servers)})
+        replies = self._conn.request({s: ({"op": Op.STATS}, []) for s in range(self.num_servers)})
+        # the link is the process's: its byte counts cover every store instance of the process
+        self._metrics.bytes_sent = self._conn.bytes_sent
+        self._metrics.bytes_received = self._conn.bytes_received
         worker = {**self._metrics.to_dict(), "window_mb": self._conn.env.window_bytes / 2 ** 20,
                   "rejected": dict(self._conn.codec.rejected)}
         return {"type": self.type, "params": self.params, "rank": self.rank,
@@ -454,55 +455,20 @@ def _state_size(state) -> int:
     return state.size if isinstance(state, mx.nd.NDArray) else 0
 
 
-#: store type -> its KVStoreBase class (what ``kvstore_ext.create`` builds)
-STORE_CLASSES: dict[str, type] = {}
+_classes: dict[str, type] = {}
 
 
-def _make_store_class(store_type: str, doc: str):
-    cls = type(f"Store_{store_type}", (ParameterServerStore,), {"store_type": store_type, "__doc__": doc})
-    KVStoreBase.kv_registry[store_type] = cls
-    STORE_CLASSES[store_type] = cls
+def store_class(row) -> type:
+    """The ``KVStoreBase`` class of a registry row that names no class of its own: a
+    :class:`ParameterServerStore` for that type (made once)."""
+    cls = _classes.get(row.name)
+    if cls is None:
+        cls = type(f"Store_{row.name}", (ParameterServerStore,),
+                   {"store_type": row.name, "__doc__": row.summary, "__module__": __name__,
+                    "asynchronous": row.asynchronous})
+        _classes[row.name] = cls
     return cls
 
-
-def _guard_native_create() -> None:
-    """Inside a kvstore_ext job, an unknown ``dist_*`` name gets a clear error.
-
-    MXNet hands every unregistered name to its native stores; a ``dist`` one
-    starts ps-lite, which in a kvstore_ext job (no ``DMLC_*`` variables) dies with
-    an unrelated check failure.  Every other name ('local', 'device', 'nccl', ...,
-    which a multi-device ``gluon.Trainer`` creates by default) reaches MXNet
-    unchanged, as does everything outside such a job.
-    """
-    import mxnet.kvstore as kvs
-    native_create = kvs.create
-    if getattr(native_create, "_kvstore_ext_guard", False):
-        return
-
-    def create(name="local"):
-        lowered = name.lower() if isinstance(name, str) else ""
-        # MXNet's KVStore::Create starts ps-lite for any name that contains "dist"
-        if "dist" in lowered and lowered not in KVStoreBase.kv_registry \
-                and os.environ.get(cfg.ROLE) == "worker":
-            raise ValueError(f"unknown kvstore type {name!r} in a kvstore_ext job; kvstore_ext "
-                             f"provides {', '.join(sorted(cfg.STORE_TYPES))} (MXNet's own "
-                             f"dist_sync/dist_async need launch.py --backend mxnet)")
-        return native_create(name)
-
-    create._kvstore_ext_guard = True
-    create.__doc__ = native_create.__doc__
-    kvs.create = create
-
-
-_guard_native_create()
-
-DistBSP = _make_store_class("dist_bsp", "Bulk synchronous parallel: equals MXNet's dist_sync.")
-DistASP = _make_store_class("dist_asp", "Asynchronous parallel: equals MXNet's dist_async.")
-DistSSP = _make_store_class("dist_ssp", "Stale synchronous parallel with staleness bound s.")
-DistBSP.asynchronous = False
-# workers do not wait for each other's pushes, so only weights updated on the servers stay
-# one model (see gluon_compat); a raw push needs an optimizer set first
-DistASP.asynchronous = DistSSP.asynchronous = True
 
 class DistPSP(ParameterServerStore):
     """Partial push and partial pull (PSP-SGD): see :mod:`kvstore_ext.policies.psp`.
@@ -536,18 +502,18 @@ class DistPSP(ParameterServerStore):
         plan = super()._plan(op, pairs)   # (waits for the gradients: their pulls have landed)
         for items, _, _ in plan.values():
             for item in items:
-                block = (item[0], item[1])
-                if op == "pull":
-                    item += [-1, self._want.pop(block, 0)]
+                block = (item[KEY], item[BLOCK])
+                if op == Op.PULL:
+                    item += [-1, self._want.pop(block, 0)]          # STAMP, WANTED
                 else:
                     stamp = self._held.stamp(block)
                     item += [stamp, stamp + 1]          # stamp, version wanted
-                    if op == "push":
+                    if op == Op.PUSH:
                         self._want[block] = stamp + 1
         return plan
 
     def _await(self, op: str, tickets, plan) -> dict:
-        if op == "push":
+        if op == Op.PUSH:
             return self._conn.wait(tickets)
         counts = {s: len(plan[s][0]) for s in tickets}
         pull = PartialPull(sum(counts.values()), self._fraction, self._linger)
@@ -570,11 +536,4 @@ class DistPSP(ParameterServerStore):
                              older_versions_ignored=self._held.ignored)
         return out
 
-
-KVStoreBase.kv_registry["dist_psp"] = DistPSP
-STORE_CLASSES["dist_psp"] = DistPSP
-
-DistDSSP = _make_store_class("dist_dssp", "Dynamic stale synchronous parallel: a per-worker "
-                             "bound in [staleness_lower, staleness_upper].")
-DistDSSP.asynchronous = True
 

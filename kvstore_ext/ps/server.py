@@ -4,7 +4,7 @@ One thread, one event loop: requests are handled in arrival order, so no
 locks are needed.  What a push means (apply now or at the end of a round,
 who gets OK and when) is decided by the key's synchronisation policy
 (:mod:`kvstore_ext.policies`); this module only moves arrays and replies.
-Run as ``python -m kvstore_ext.server`` inside a job (launch.py does it).
+Run as ``python -m kvstore_ext.ps.server`` inside a job (launch.py does it).
 """
 from __future__ import annotations
 
@@ -20,16 +20,13 @@ from collections import deque
 import numpy as np
 import zmq
 
-from . import config as cfg
+from .. import jobenv, registry
 from .faults import FaultPlan
-from .metrics import ServerMetrics, write_json
-from .policies import make_policy
-from .policies.psp import resolve_min_pushes
-from .psp_server import PartialSyncHandler, make_psp_policy
+from ..metrics import ServerMetrics, write_json
 from zmq.utils.monitor import recv_monitor_message
 
-from .protocol import check_request
-from .transport import (AuthError, Codec, array_from_buffer, bind_random, configure,
+from .protocol import BLOCK, DTYPE, INIT_SIZE, KEY, SHAPE, SIZE, Op, check_request
+from .transport import (AuthError, Codec, Limits, array_from_buffer, bind_random, configure,
                         new_context, receive_until, recv_message)
 
 log = logging.getLogger("kvstore_ext.server")
@@ -114,9 +111,9 @@ class InitWait:
 
 
 class Server:
-    def __init__(self, env: cfg.JobEnv, start_timeout: float = 600.0):
+    def __init__(self, env: jobenv.JobEnv, start_timeout: float = 600.0):
         self.env = env
-        self.limits = env.limits
+        self.limits = Limits.for_job(env)
         self.node = f"node:{os.urandom(6).hex()}"
         self.codec = Codec(env.secret, names={self.node})
         self.router_out, self.router_in = self.codec.outbox(), self.codec.inbox()
@@ -137,39 +134,35 @@ class Server:
         self.failure: str | None = None
         self.failure_kind = "error"
         self.running = True
-        self.ops = {"init": self.op_init, "push": self.op_push, "pushpull": self.op_push,
-                    "pull": self.op_pull, "set_optimizer": self.op_set_optimizer,
-                    "get_states": self.op_get_states, "set_states": self.op_set_states,
-                    "stats": self.op_stats, "hello": self.op_hello}
+        self.ops = {Op.INIT: self.op_init, Op.PUSH: self.op_push, Op.PUSHPULL: self.op_push,
+                    Op.PULL: self.op_pull, Op.SET_OPTIMIZER: self.op_set_optimizer,
+                    Op.GET_STATES: self.op_get_states, Op.SET_STATES: self.op_set_states,
+                    Op.STATS: self.op_stats, Op.HELLO: self.op_hello}
         self.timers: list = []            # (due, n, callback): round deadlines, late replies
         self._timer_ids = itertools.count()
         self._register(env.start_timeout)
         self.metrics = ServerMetrics(self.rank)
         self.faults = FaultPlan.from_env(self.rank)
-        self.psp = None
-        if self.store_type == "dist_psp":
-            # partial push / pull: stamped pushes, versioned pulls, replies in parts
-            self.psp = PartialSyncHandler(self)
-            try:
-                self.psp_min_pushes = resolve_min_pushes(self.store_params.get("min_pushes"),
-                                                         self.num_workers)
-            except ValueError as exc:   # the workers say so too; refuse every request
-                self.psp_min_pushes = self.num_workers
-                self.fail(str(exc))
-            self.ops.update({"push": self.psp.op_push, "pushpull": self.psp.op_push,
-                             "pull": self.psp.op_pull})
+        # a store type whose rounds are not a per-key SyncPolicy brings its own request
+        # handler (dist_psp: stamped pushes, versioned pulls, replies in parts)
+        self.row = registry.lookup(self.store_type)
+        self.handler = None
+        if self.row.server_handler:
+            self.handler = registry.load(self.row.server_handler)(self)
+            self.ops.update({Op.PUSH: self.handler.op_push, Op.PUSHPULL: self.handler.op_push,
+                             Op.PULL: self.handler.op_pull})
 
     # -- rendezvous --------------------------------------------------------------------------
     def _register(self, start_timeout: float) -> None:
         self.sched.send_multipart(self.codec.seal(
-            {"op": "register", "role": "server", "host": self.env.node_host, "port": self.port,
+            {"op": Op.REGISTER, "role": "server", "host": self.env.node_host, "port": self.port,
              "node": self.node}, to="scheduler", outbox=self.sched_out))
         reply = receive_until(self.sched, self.sched_in, time.monotonic() + start_timeout)
         if reply is None:
             raise RuntimeError(f"the scheduler at {self.env.scheduler_address} did not start "
                                f"the job within {start_timeout:g} s (launch.py --start-timeout)")
         header = reply[0]
-        if header["op"] == "abort":
+        if header["op"] == Op.ABORT:
             raise RuntimeError(header["error"])
         self.rank = header["rank"]
         self.codec.names.add(f"server:{self.rank}")
@@ -190,7 +183,7 @@ class Server:
         self.router.send_multipart([ident, *frames], copy=False)
 
     def reply(self, ident, seq, extra=None, buffers=(), *, worker: int) -> None:
-        header = {"op": "reply", "seq": seq, "ok": True}
+        header = {"op": Op.REPLY, "seq": seq, "ok": True}
         if extra:
             header.update(extra)
         self.send_to(ident, worker, header, buffers)
@@ -199,7 +192,7 @@ class Server:
         self.metrics.errors += 1
         kind = self.failure_kind if self.failure is not None and message == self.failure \
             else "error"
-        self.send_to(ident, worker, {"op": "reply", "seq": seq, "ok": False, "error": message,
+        self.send_to(ident, worker, {"op": Op.REPLY, "seq": seq, "ok": False, "error": message,
                                      "kind": kind})
 
     def reply_values(self, p: Pending) -> None:
@@ -209,7 +202,7 @@ class Server:
             slot.pulled[p.worker] = slot.version
         # one reply carries every block: it is as late as its latest block
         late = max(self._lateness(len(values)), default=0.0)
-        self._send_later(p, {"op": "reply", "seq": p.seq, "ok": True}, values, late)
+        self._send_later(p, {"op": Op.REPLY, "seq": p.seq, "ok": True}, values, late)
 
     def send_part(self, p, indices) -> None:
         """Some blocks of a partial pull (``dist_psp``), with their versions; a block the fault
@@ -221,7 +214,7 @@ class Server:
             slots = [p.slots[i] for i in group]
             for slot in slots:
                 slot.pulled[p.worker] = slot.version
-            header = {"op": "reply", "seq": p.seq, "ok": True, "part": group,
+            header = {"op": Op.REPLY, "seq": p.seq, "ok": True, "part": group,
                       "versions": [s.version for s in slots]}
             self._send_later(p, header, [s.value() for s in slots], late)
 
@@ -358,7 +351,7 @@ class Server:
 
     def scheduler_notice(self, header: dict) -> None:
         op = header.get("op")
-        if op == "node_dead" and header["role"] == "worker":
+        if op == Op.NODE_DEAD and header["role"] == "worker":
             rank, reason = header["rank"], header["reason"]
             if self.on_worker_death == "fail":
                 self.fail(kind="worker_lost", message=f"worker {rank} died ({reason}); the job stops "
@@ -367,17 +360,17 @@ class Server:
                 log.warning("server %d: worker %d died (%s); continuing without it",
                             self.rank, rank, reason)
                 self.remove_worker(rank)
-        elif op == "node_left" and header["role"] == "worker":
+        elif op == Op.NODE_LEFT and header["role"] == "worker":
             self.remove_worker(header["rank"])
-        elif op == "abort":
+        elif op == Op.ABORT:
             self.fail(str(header["error"]), kind="aborted")
-        elif op == "shutdown":
+        elif op == Op.SHUTDOWN:
             self.running = False
 
     def fail(self, message: str, kind: str = "error") -> None:
         """Answer every waiting request with the failure, and every later one too.
 
-        ``kind`` tells the workers which exception to raise (see ``client.ERROR_KINDS``)."""
+        ``kind`` tells the workers which exception to raise (see ``link.ERROR_KINDS``)."""
         self.failure, self.failure_kind = message, kind
         for slot in self.slots.values():
             for queue in slot.waiting.values():
@@ -394,16 +387,16 @@ class Server:
         for w in self.init_waiting:
             self.reply_error(w.ident, w.seq, message, w.worker)
         self.init_waiting = []
-        if self.psp is not None:
-            self.psp.fail(message)
+        if self.handler is not None:
+            self.handler.fail(message)
 
     def remove_worker(self, rank: int) -> None:
         if rank not in self.members:
             return
         self.members.discard(rank)
         self.release_inits()
-        if self.psp is not None:
-            self.psp.remove_worker(rank)
+        if self.handler is not None:
+            self.handler.remove_worker(rank)
             return
         now = time.monotonic()
         decisions = []
@@ -415,7 +408,7 @@ class Server:
 
     # -- operations --------------------------------------------------------------------------
     def _slot(self, item) -> Slot:
-        key, block = item[0], item[1]
+        key, block = item[KEY], item[BLOCK]
         slot = self.slots.get((key, block))
         if slot is None:
             raise RequestError(f"key {key!r} has not been initialised on the kvstore "
@@ -443,7 +436,7 @@ class Server:
         if has_value and len(buffers) != len(items):
             raise RequestError("init: one buffer per key expected")
         for item in items:
-            key, block, dtype, shape = item[0], item[1], item[2], tuple(item[3])
+            key, block, dtype, shape = item[KEY], item[BLOCK], item[DTYPE], tuple(item[SHAPE])
             slot = self.slots.get((key, block))
             if slot is not None and (slot.shape != shape or slot.dtype != np.dtype(dtype)):
                 raise RequestError(
@@ -452,20 +445,21 @@ class Server:
                     f"{np.dtype(dtype).name}")
         if has_value:
             for item, buf in zip(items, buffers):
-                key, block, dtype, shape, size = item[0], item[1], item[2], tuple(item[3]), item[4]
+                key, block, dtype = item[KEY], item[BLOCK], item[DTYPE]
+                shape, size = tuple(item[SHAPE]), item[INIT_SIZE]
                 if (key, block) not in self.slots:
                     try:
                         value = array_from_buffer(buf, dtype, (size,))
                     except ValueError as exc:
                         raise RequestError(f"init: key {key!r}: {exc}") from None
                     # all keys move together: the first key's policy logs the decisions
-                    policy = (make_psp_policy(self) if self.psp is not None else
-                              make_policy(self.store_type, self.members, self.store_params,
-                                          record=self.metrics.decision_log is None))
+                    record = self.metrics.decision_log is None
+                    policy = (self.handler.make_policy() if self.handler is not None else
+                              self.row.make_policy(self.members, self.store_params, record))
                     if self.metrics.decision_log is None:
                         self.metrics.decision_log = (key, block, policy)
                     self.slots[(key, block)] = Slot(key, block, shape, dtype, value, policy)
-        blocks = {(i[0], i[1]) for i in items}
+        blocks = {(i[KEY], i[BLOCK]) for i in items}
         for block in blocks:
             self.init_seen.setdefault(block, set()).add(worker)
         waiter = InitWait(ident, header["seq"], worker, blocks,
@@ -508,7 +502,7 @@ class Server:
         slots = []
         for item in header["items"]:
             slot = self._slot(item)
-            self._check_block(slot, item[2], item[3], "pulled")
+            self._check_block(slot, item[DTYPE], item[SIZE], "pulled")
             slots.append(slot)
         self.reply_values(Pending(ident, header["seq"], worker, slots, True))
 
@@ -516,7 +510,7 @@ class Server:
         worker = header["worker"]
         slots, grads = self.check_push_items(worker, header["items"], buffers)
         now = time.monotonic()
-        pending = Pending(ident, header["seq"], worker, slots, header["op"] == "pushpull")
+        pending = Pending(ident, header["seq"], worker, slots, header["op"] == Op.PUSHPULL)
         decisions = []
         self.metrics.pushes_received += len(slots)
         for slot, grad in zip(slots, grads):
@@ -534,7 +528,7 @@ class Server:
         slots, grads = [], []
         for item, buf in zip(items, buffers):
             slot = self._slot(item)
-            self._check_block(slot, item[2], item[3], "pushed")
+            self._check_block(slot, item[DTYPE], item[SIZE], "pushed")
             problem = slot.policy.check_push(worker)
             if problem:
                 raise RequestError(f"key {slot.key!r}: {problem}")
@@ -654,8 +648,8 @@ class Server:
         out["rejected"] = {**self.codec.rejected, "malformed": self.malformed}
         if self.faults.active:
             out["faults"] = self.faults.to_dict()
-        if self.psp is not None:
-            out["psp"] = self.psp.to_dict()
+        if self.handler is not None:
+            out[self.handler.metrics_name] = self.handler.to_dict()
         return out
 
 
@@ -671,7 +665,7 @@ def main(argv=None) -> int:
     mx = mxnet
     SYNCHRONOUS_ENGINE = os.environ.get("MXNET_ENGINE_TYPE") == "NaiveEngine"
     try:
-        env = cfg.JobEnv.from_environ("server")
+        env = jobenv.JobEnv.from_environ("server")
         server = Server(env)
     except RuntimeError as exc:
         print(f"kvstore_ext server: {exc}", file=sys.stderr)

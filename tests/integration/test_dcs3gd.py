@@ -41,12 +41,12 @@ def correct_np(g, d, lambda0):
 
 
 def _on_ndarrays(g, d, lambda0):
-    from kvstore_ext.horovod_store import delay_compensated
+    from kvstore_ext.horovod.store import delay_compensated
     return delay_compensated(mx.nd.array(g), mx.nd.array(d), lambda0).asnumpy()
 
 
 def _on_host(g, d, lambda0):
-    from kvstore_ext.horovod_store import delay_compensate_host
+    from kvstore_ext.horovod.store import delay_compensate_host
     buf = d.copy()
     out = delay_compensate_host(g, buf, lambda0)
     assert out is buf      # in place: the CPU path allocates nothing per step

@@ -1,4 +1,5 @@
-"""The worker-to-server request schema, checked before a server acts on a message.
+"""The wire schema: every message's ``op`` (:class:`Op`), the fields of a request's items
+(:data:`KEY` ...), and the check a server runs before it acts on a request.
 
 A request header is ``{"op", "seq", "worker", "reply_to", "items"?}``; each item
 names one block of one key.  Its fields by op:
@@ -13,6 +14,10 @@ names one block of one key.  Its fields by op:
 others         no items (``set_optimizer``, ``set_states``: one buffer)
 =============  ==========================================================
 
+Replies are ``{"op": "reply", "seq", "ok", ...}`` with the values as buffers.  Between
+nodes and the scheduler: ``register``, ``heartbeat``, ``barrier``, ``finalize`` one way;
+``ack``, ``ok``, ``topology``, ``abort``, ``node_dead``, ``node_left``, ``shutdown`` the other.
+
 Authentication says who sent a message, not that it is well formed: a header
 that does not fit is refused with a :class:`ProtocolError` that names the
 field, and the server goes on.
@@ -23,8 +28,47 @@ import math
 
 import numpy as np
 
-ITEM_OPS = ("init", "push", "pushpull", "pull")
-OTHER_OPS = ("set_optimizer", "get_states", "set_states", "stats", "hello")
+
+
+class Op:
+    """Every message's ``op``, in one place."""
+
+    # worker -> server, each answered by a REPLY
+    INIT = "init"
+    PUSH = "push"
+    PUSHPULL = "pushpull"
+    PULL = "pull"
+    SET_OPTIMIZER = "set_optimizer"
+    GET_STATES = "get_states"
+    SET_STATES = "set_states"
+    STATS = "stats"
+    HELLO = "hello"
+    REPLY = "reply"
+    # node -> scheduler
+    REGISTER = "register"
+    HEARTBEAT = "heartbeat"
+    BARRIER = "barrier"
+    FINALIZE = "finalize"
+    # scheduler -> node
+    ACK = "ack"
+    OK = "ok"
+    TOPOLOGY = "topology"
+    ABORT = "abort"
+    NODE_DEAD = "node_dead"
+    NODE_LEFT = "node_left"
+    SHUTDOWN = "shutdown"
+
+
+ITEM_OPS = (Op.INIT, Op.PUSH, Op.PUSHPULL, Op.PULL)
+OTHER_OPS = (Op.SET_OPTIMIZER, Op.GET_STATES, Op.SET_STATES, Op.STATS, Op.HELLO)
+SCHEDULER_OPS = (Op.REGISTER, Op.HEARTBEAT, Op.BARRIER, Op.FINALIZE)
+
+#: the fields of an item (a list, so that a header stays small JSON)
+KEY, BLOCK, DTYPE = 0, 1, 2
+SIZE = 3                    # push, pushpull, pull: the block's number of elements
+SHAPE, INIT_SIZE = 3, 4     # init: the key's shape, then the block's number of elements
+STAMP, WANTED = 4, 5        # dist_psp: the version a pushed gradient was computed from (-1 in
+                            # a pull), and the version the reply must bring at least
 MAX_DIMS = 32
 _NUMERIC_DTYPES: set = set()   # dtype strings already found numeric
 
@@ -67,12 +111,12 @@ def check_item(op: str, item) -> tuple:
     """The ``(key, block)`` of a well-formed item of ``op``."""
     if not isinstance(item, list) or len(item) < 4:
         raise ProtocolError(f"{op}: an item must be a list of at least 4 fields, got {item!r:.80}")
-    key = item[0]
+    key = item[KEY]
     if isinstance(key, bool) or not isinstance(key, (int, str)) or \
             (isinstance(key, str) and len(key) > 1000):
         raise ProtocolError(f"{op}: a key must be an int or a str, got {key!r:.80}")
-    _int(item[1], "block")
-    dtype = item[2]
+    _int(item[BLOCK], "block")
+    dtype = item[DTYPE]
     if not isinstance(dtype, str) or dtype not in _NUMERIC_DTYPES:   # one set look-up per key
         try:
             if not isinstance(dtype, str) or np.dtype(dtype).kind not in "biuf":
@@ -81,18 +125,18 @@ def check_item(op: str, item) -> tuple:
             raise ProtocolError(f"{op}: key {key!r}: unsupported dtype {dtype!r:.40}") from None
         if len(_NUMERIC_DTYPES) < 64:
             _NUMERIC_DTYPES.add(dtype)
-    if op == "init":
-        if len(item) != 5 or not isinstance(item[3], list) or len(item[3]) > MAX_DIMS:
+    if op == Op.INIT:
+        if len(item) != 5 or not isinstance(item[SHAPE], list) or len(item[SHAPE]) > MAX_DIMS:
             raise ProtocolError(f"init: key {key!r}: an item is [key, block, dtype, shape, size]")
-        shape = [_int(d, "a shape dimension") for d in item[3]]
-        size = _int(item[4], "size")
+        shape = [_int(d, "a shape dimension") for d in item[SHAPE]]
+        size = _int(item[INIT_SIZE], "size")
         if size > math.prod(shape):
             raise ProtocolError(f"init: key {key!r}: a block of {size} elements does not fit "
                                 f"shape {tuple(shape)}")
     else:
-        _int(item[3], "size")
+        _int(item[SIZE], "size")
         if len(item) not in (4, 6):
             raise ProtocolError(f"{op}: key {key!r}: an item has 4 fields (6 for dist_psp)")
-        for value in item[4:]:
+        for value in item[STAMP:]:
             _int(value, "a version", -1)
-    return key, item[1]
+    return key, item[BLOCK]

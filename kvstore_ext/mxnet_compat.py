@@ -1,4 +1,8 @@
-"""Makes stock ``gluon.Trainer`` treat kvstore_ext's asynchronous stores as MXNet's dist_async.
+"""What makes kvstore_ext's stores behave as MXNet's own inside stock MXNet code.
+
+``gluon.Trainer`` treats the asynchronous stores as MXNet's dist_async (:func:`install`),
+and ``mx.kv.create`` refuses an unknown ``dist_*`` name in a job with a clear error
+(:func:`guard_native_create`).
 
 ``Trainer._init_kvstore`` refuses ``update_on_kvstore=False`` on an asynchronous
 store, and otherwise forces the update onto the servers, but it recognises such
@@ -13,9 +17,12 @@ for ``update_on_kvstore=False``, update on the kvstore otherwise (even with
 from __future__ import annotations
 
 import functools
+import os
 
 from mxnet import gluon
 from mxnet.kvstore import KVStoreBase
+
+from . import jobenv, registry
 
 
 def is_asynchronous(kvstore) -> bool:
@@ -50,4 +57,34 @@ def install() -> None:
     gluon.Trainer._init_kvstore = _init_kvstore
 
 
+def guard_native_create() -> None:
+    """Inside a kvstore_ext job, an unknown ``dist_*`` name gets a clear error.
+
+    MXNet hands every unregistered name to its native stores; a ``dist`` one
+    starts ps-lite, which in a kvstore_ext job (no ``DMLC_*`` variables) dies with
+    an unrelated check failure.  Every other name ('local', 'device', 'nccl', ...,
+    which a multi-device ``gluon.Trainer`` creates by default) reaches MXNet
+    unchanged, as does everything outside such a job.
+    """
+    import mxnet.kvstore as kvs
+    native_create = kvs.create
+    if getattr(native_create, "_kvstore_ext_guard", False):
+        return
+
+    def create(name="local"):
+        lowered = name.lower() if isinstance(name, str) else ""
+        # MXNet's KVStore::Create starts ps-lite for any name that contains "dist"
+        if "dist" in lowered and lowered not in KVStoreBase.kv_registry \
+                and os.environ.get(jobenv.ROLE) == "worker":
+            raise ValueError(f"unknown kvstore type {name!r} in a kvstore_ext job; kvstore_ext "
+                             f"provides {', '.join(registry.names())} (MXNet's own "
+                             f"dist_sync/dist_async need launch.py --backend mxnet)")
+        return native_create(name)
+
+    create._kvstore_ext_guard = True
+    create.__doc__ = native_create.__doc__
+    kvs.create = create
+
+
 install()
+guard_native_create()

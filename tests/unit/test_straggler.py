@@ -1,8 +1,9 @@
 """Straggler emulation: the stretch, its jitter and seed, and how a job is told the speeds."""
 import pytest
 
-from kvstore_ext import config as cfg
-from kvstore_ext.launcher import Job, build_parser
+from kvstore_ext import jobenv, stragglers
+from kvstore_ext.launch.ps_job import Job
+from kvstore_ext.launch import build_parser
 from gluon_trainers.straggler import Straggler
 
 
@@ -45,14 +46,14 @@ def test_begin_end_measure_the_compute_between_them():
 
 
 def test_speeds_come_from_the_job_environment(monkeypatch):
-    monkeypatch.setenv(cfg.WORKER_SPEED, "1.0,0.43")
-    monkeypatch.setenv(cfg.SPEED_JITTER, "0.1")
-    monkeypatch.setenv(cfg.SPEED_SEED, "3")
+    monkeypatch.setenv(jobenv.WORKER_SPEED, "1.0,0.43")
+    monkeypatch.setenv(jobenv.SPEED_JITTER, "0.1")
+    monkeypatch.setenv(jobenv.SPEED_SEED, "3")
     assert Straggler.from_env(1, 2).speed == 0.43 and Straggler.from_env(0, 2).speed == 1.0
     assert Straggler.from_env(1, 2).jitter == 0.1
-    monkeypatch.setenv(cfg.WORKER_SPEED, "0.5")
+    monkeypatch.setenv(jobenv.WORKER_SPEED, "0.5")
     assert Straggler.from_env(3, 4).speed == 0.5   # one value for all
-    monkeypatch.delenv(cfg.WORKER_SPEED)
+    monkeypatch.delenv(jobenv.WORKER_SPEED)
     assert Straggler.from_env(0).speed == 1.0
 
 
@@ -60,7 +61,7 @@ def test_speeds_come_from_the_job_environment(monkeypatch):
                                         ("1.5", r"in \(0, 1\]"), ("1,1,1", "3 worker speeds")])
 def test_bad_speeds_name_the_value(text, match):
     with pytest.raises(ValueError, match=match):
-        cfg.parse_speeds(text, 2)
+        stragglers.parse_speeds(text, 2)
 
 
 def test_launcher_passes_speeds_to_workers_only():
@@ -69,9 +70,9 @@ def test_launcher_passes_speeds_to_workers_only():
     nodes = Job(args).plan(1234)
     workers = [n for n in nodes if n.name.startswith("worker")]
     servers = [n for n in nodes if n.name.startswith("server")]
-    assert all(n.env[cfg.WORKER_SPEED] == "1.0,0.43" and n.env[cfg.SPEED_SEED] == "5"
+    assert all(n.env[jobenv.WORKER_SPEED] == "1.0,0.43" and n.env[jobenv.SPEED_SEED] == "5"
                for n in workers)
-    assert all(cfg.WORKER_SPEED not in n.env for n in servers)
+    assert all(jobenv.WORKER_SPEED not in n.env for n in servers)
 
 
 def test_launcher_refuses_bad_speeds():
@@ -81,7 +82,7 @@ def test_launcher_refuses_bad_speeds():
 
 
 def test_stretch_rule_is_shared_with_the_simulator():
-    from kvstore_ext.config import stretched_time
+    from kvstore_ext.stragglers import stretched_time
     from kvstore_ext.simulate import simulate
     assert stretched_time(1.0, 0.5) == 2.0
     assert stretched_time(1.0, 0.5, 0.5) == 3.0

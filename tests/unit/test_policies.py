@@ -3,8 +3,8 @@ import random
 
 import pytest
 
-from kvstore_ext.policies import (ASPPolicy, BSPPolicy, ClockTable, PolicyError, SSPPolicy,
-                                  make_policy)
+from kvstore_ext.policies import ASPPolicy, BSPPolicy, ClockTable, PolicyError, SSPPolicy
+from kvstore_ext.registry import make_policy
 
 
 def ok_workers(decision):

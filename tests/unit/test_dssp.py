@@ -6,7 +6,7 @@ import time
 import pytest
 
 import kvstore_ext
-from kvstore_ext.config import StoreConfig
+from kvstore_ext.registry import StoreConfig
 from kvstore_ext.policies import DSSPPolicy, SSPPolicy
 from kvstore_ext.simulate import simulate
 

@@ -7,7 +7,7 @@ a connection that closes (a process that exits or is killed: at once) or that
 stops answering ZMTP heartbeats for the heartbeat timeout (a hung host); the
 node is declared dead and every node is told, so that nobody waits for it
 forever.  A node inside a long computation is not silent: ZeroMQ's I/O thread
-answers the heartbeats without Python.  Run as ``python -m kvstore_ext.scheduler``; it prints
+answers the heartbeats without Python.  Run as ``python -m kvstore_ext.ps.scheduler``; it prints
 ``KVX_SCHEDULER_PORT=<port>`` once bound.
 """
 from __future__ import annotations
@@ -21,13 +21,14 @@ import time
 
 import zmq
 
-from . import config as cfg
+from .. import jobenv
 from zmq.utils.monitor import recv_monitor_message
 
 from .transport import AuthError, Codec, Limits, configure, new_context, recv_message
+from .protocol import SCHEDULER_OPS, Op
 
 ROLES = ("worker", "server")
-OPS = ("register", "heartbeat", "barrier", "finalize")
+OPS = SCHEDULER_OPS
 
 log = logging.getLogger("kvstore_ext.scheduler")
 
@@ -111,7 +112,7 @@ class Scheduler:
             workers_active = [k for k, n in self.nodes.items()
                               if k[0] == "worker" and n["state"] == "live"]
             if not workers_active and shutdown_at is None:
-                self.broadcast({"op": "shutdown"}, roles=("server",))
+                self.broadcast({"op": Op.SHUTDOWN}, roles=("server",))
                 for (role, _), node in self.nodes.items():
                     if role == "server" and node["state"] == "live":
                         node["state"] = "left"   # their connections now close as they should
@@ -153,7 +154,7 @@ class Scheduler:
         op, role, rank = header.get("op"), header.get("role"), header.get("rank")
         if op not in OPS or role not in ROLES:
             raise ValueError(f"unknown op {op!r} or role {role!r}")
-        if op == "register":
+        if op == Op.REGISTER:
             self.register(ident, header, fd)
             return
         count = self.num_workers if role == "worker" else self.num_servers
@@ -167,15 +168,15 @@ class Scheduler:
         if fd is not None and fd >= 0 and node["state"] == "live":
             self.fds[fd] = key
         to = f"{role}:{rank}"
-        if op == "heartbeat":
+        if op == Op.HEARTBEAT:
             node["notify"] = ident
-            self.send(ident, {"op": "ack", "failure": self.failure}, to)
-        elif op == "barrier" and role == "worker":
+            self.send(ident, {"op": Op.ACK, "failure": self.failure}, to)
+        elif op == Op.BARRIER and role == "worker":
             self.barrier_waiting.append((ident, rank))
             self.maybe_release_barrier()
-        elif op == "finalize" and role == "worker":
+        elif op == Op.FINALIZE and role == "worker":
             self.leave(key, "finished")
-            self.send(ident, {"op": "ok"}, to)
+            self.send(ident, {"op": Op.OK}, to)
 
     def check_connections(self) -> None:
         """Connections that closed or timed out (ZeroMQ's socket monitor): their node is dead,
@@ -202,7 +203,7 @@ class Scheduler:
             raise ValueError("register without a node name")
         header["_fd"] = fd
         if self.started:
-            self.send(ident, {"op": "abort", "error": "the job has already started; "
+            self.send(ident, {"op": Op.ABORT, "error": "the job has already started; "
                               "late nodes cannot join"}, node)
             return
         if header.get("role") == "worker":
@@ -245,7 +246,7 @@ class Scheduler:
         ranks = [h if h is not None else next(free) for h in hints]
         server_addrs = [f"tcp://{h['host']}:{h['port']}" for _, h in servers]
         now = time.monotonic()
-        common = {"op": "topology", "num_workers": self.num_workers,
+        common = {"op": Op.TOPOLOGY, "num_workers": self.num_workers,
                   "num_servers": self.num_servers, "servers": server_addrs,
                   "store": self.store, "on_worker_death": self.on_worker_death}
         for j, (ident, h) in enumerate(servers):
@@ -268,8 +269,8 @@ class Scheduler:
     def abort(self, message: str) -> None:
         log.error("%s", message)
         for ident, h in self.pending:
-            self.send(ident, {"op": "abort", "error": message}, h["node"])
-        self.broadcast({"op": "abort", "error": message})
+            self.send(ident, {"op": Op.ABORT, "error": message}, h["node"])
+        self.broadcast({"op": Op.ABORT, "error": message})
         self.failure = message
         self.exit_code = 1
         if not self.started:
@@ -282,7 +283,7 @@ class Scheduler:
         role, rank = key
         self.nodes[key]["state"] = "dead"
         log.error("%s %d is dead (%s)", role, rank, reason)
-        notice = {"op": "node_dead", "role": role, "rank": rank, "reason": reason}
+        notice = {"op": Op.NODE_DEAD, "role": role, "rank": rank, "reason": reason}
         if role == "server" or self.on_worker_death == "fail":
             self.failure = f"{role} {rank} died ({reason})"
             self.exit_code = 1
@@ -296,7 +297,7 @@ class Scheduler:
         if node is None or node["state"] != "live":
             return
         node["state"] = "left"
-        self.broadcast({"op": "node_left", "role": key[0], "rank": key[1]}, roles=("server",))
+        self.broadcast({"op": Op.NODE_LEFT, "role": key[0], "rank": key[1]}, roles=("server",))
         self.maybe_release_barrier()
 
     def maybe_release_barrier(self) -> None:
@@ -304,7 +305,7 @@ class Scheduler:
         arrived = {r for _, r in self.barrier_waiting}
         if self.barrier_waiting and live <= arrived:
             for ident, rank in self.barrier_waiting:
-                self.send(ident, {"op": "ok"}, f"worker:{rank}")
+                self.send(ident, {"op": Op.OK}, f"worker:{rank}")
             self.barrier_waiting = []
 
 
@@ -317,32 +318,32 @@ def describe(store: dict | None) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="kvstore_ext scheduler (started by launch.py)")
-    parser.add_argument("--host", default=os.environ.get(cfg.SCHEDULER_HOST, "127.0.0.1"),
+    parser.add_argument("--host", default=os.environ.get(jobenv.SCHEDULER_HOST, "127.0.0.1"),
                         help="address to bind (default: $KVX_SCHEDULER_HOST or 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=int(os.environ.get(cfg.SCHEDULER_PORT, "0")),
+    parser.add_argument("--port", type=int, default=int(os.environ.get(jobenv.SCHEDULER_PORT, "0")),
                         help="port to bind; 0 picks a free one (default: $KVX_SCHEDULER_PORT or 0)")
     parser.add_argument("--start-timeout", type=float,
-                        default=float(os.environ.get(cfg.START_TIMEOUT) or 600.0),
+                        default=float(os.environ.get(jobenv.START_TIMEOUT) or 600.0),
                         help="seconds to wait for every node to register (default: "
                              "$KVX_START_TIMEOUT or 600)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[kvstore_ext scheduler] %(message)s")
     env = os.environ
     try:
-        secret = bytes.fromhex(env[cfg.SECRET])
-        num_workers = int(env[cfg.NUM_WORKER])
-        num_servers = int(env[cfg.NUM_SERVER])
+        secret = bytes.fromhex(env[jobenv.SECRET])
+        num_workers = int(env[jobenv.NUM_WORKER])
+        num_servers = int(env[jobenv.NUM_SERVER])
     except (KeyError, ValueError) as exc:
-        print(f"kvstore_ext scheduler: {cfg.SECRET}, {cfg.NUM_WORKER} and {cfg.NUM_SERVER} must "
+        print(f"kvstore_ext scheduler: {jobenv.SECRET}, {jobenv.NUM_WORKER} and {jobenv.NUM_SERVER} must "
               f"be set ({exc})", file=sys.stderr)
         return 2
-    interval = float(env.get(cfg.HEARTBEAT_INTERVAL) or 1.0)
-    timeout = float(env.get(cfg.HEARTBEAT_TIMEOUT) or max(10.0, 5 * interval))
+    interval = float(env.get(jobenv.HEARTBEAT_INTERVAL) or 1.0)
+    timeout = float(env.get(jobenv.HEARTBEAT_TIMEOUT) or max(10.0, 5 * interval))
     sched = Scheduler(args.host, args.port, num_workers, num_servers, secret,
-                      on_worker_death=env.get(cfg.ON_WORKER_DEATH, "fail"),
+                      on_worker_death=env.get(jobenv.ON_WORKER_DEATH, "fail"),
                       heartbeat_timeout=timeout, start_timeout=args.start_timeout,
                       limits=Limits.from_environ(interval, timeout, secret))
-    print(f"{cfg.SCHEDULER_PORT}={sched.port}", flush=True)
+    print(f"{jobenv.SCHEDULER_PORT}={sched.port}", flush=True)
     return sched.run()
 
 

@@ -2,7 +2,7 @@
 import threading
 import time
 
-from kvstore_ext.batching import QUIET, Coalescer
+from kvstore_ext.ps.batching import QUIET, Coalescer
 
 
 def plan(key, server=0):

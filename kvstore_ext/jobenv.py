@@ -1,4 +1,4 @@
-"""Store types, their parameters, and the job environment (``KVX_*`` variables).
+"""The job's environment: every ``KVX_*`` variable and :class:`JobEnv`, which reads them.
 
 The role and address variables are deliberately not MXNet's ``DMLC_*`` names:
 ``import mxnet`` in a process whose ``DMLC_ROLE`` is ``server`` turns it into an
@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
-
-from .horovod_params import HOROVOD_STORE_TYPES
-from .policies import check_staleness
-from .policies.psp import check_psp_params
+from dataclasses import dataclass
 
 ROLE = "KVX_ROLE"
 SCHEDULER_HOST = "KVX_SCHEDULER_HOST"
@@ -40,97 +36,10 @@ IDENTITY_VARIABLES = (ROLE, SCHEDULER_HOST, SCHEDULER_PORT, NUM_WORKER, NUM_SERV
                       NODE_HOST, WORKER_RANK)
 
 ON_DEATH_CHOICES = ("fail", "continue")
-
-
-def _no_params(params: dict) -> dict:
-    return {}
-
-
-def _ssp_params(params: dict) -> dict:
-    return {"staleness": check_staleness("staleness", params.get("staleness", 3))}
-
-
-def _dssp_params(params: dict) -> dict:
-    lower = check_staleness("staleness_lower", params.get("staleness_lower", 3))
-    upper = check_staleness("staleness_upper", params.get("staleness_upper", 15))
-    if upper < lower:
-        raise ValueError(f"staleness_upper must be >= staleness_lower, got "
-                         f"staleness_lower={lower}, staleness_upper={upper}")
-    return {"staleness_lower": lower, "staleness_upper": upper}
-
-
-#: store type -> (parameter names, validator returning the normalised parameters)
-STORE_TYPES = {
-    "dist_bsp": ((), _no_params),
-    "dist_asp": ((), _no_params),
-    "dist_ssp": (("staleness",), _ssp_params),
-    "dist_dssp": (("staleness_lower", "staleness_upper"), _dssp_params),
-    "dist_psp": (("min_pushes", "min_pull_fraction", "push_timeout", "pull_timeout"),
-                 check_psp_params),
-    **HOROVOD_STORE_TYPES,   # decentralised: dist_dcs3gd, dist_ssgd
-}
-#: the types served by this project's scheduler and servers (the rest run on Horovod)
-PARAMETER_SERVER_TYPES = tuple(t for t in STORE_TYPES if t not in HOROVOD_STORE_TYPES)
-
-
-@dataclass(frozen=True)
-class StoreConfig:
-    """A store type with its validated parameters; every worker of a job must agree on it."""
-
-    type: str
-    params: dict = field(default_factory=dict)
-
-    @classmethod
-    def build(cls, store_type: str, params: dict | None = None) -> "StoreConfig":
-        name = str(store_type).lower()
-        if name not in STORE_TYPES:
-            raise ValueError(f"unknown kvstore type {store_type!r}; kvstore_ext provides "
-                             f"{', '.join(sorted(STORE_TYPES))}")
-        allowed, validate = STORE_TYPES[name]
-        params = dict(params or {})
-        unknown = sorted(set(params) - set(allowed))
-        if unknown:
-            what = ", ".join(allowed) if allowed else "none"
-            raise ValueError(f"unknown parameter {unknown[0]!r} for kvstore type {name!r} "
-                             f"(its parameters: {what})")
-        return cls(name, validate(params))
-
-    def describe(self) -> str:
-        inner = ", ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
-        return f"{self.type}({inner})"
-
-    def to_wire(self) -> dict:
-        return {"type": self.type, "params": self.params}
-
-
-def parse_speeds(text: str, num_workers: int | None = None) -> list[float]:
-    """Worker speed factors from ``"1.0,0.43"``: each in (0, 1], one per worker (or one for all)."""
-    speeds = []
-    for part in str(text).split(","):
-        try:
-            value = float(part)
-        except ValueError:
-            raise ValueError(f"worker speed {part.strip()!r} is not a number (in {text!r})") from None
-        if not 0 < value <= 1:
-            raise ValueError(f"worker speed {value} must be in (0, 1] (1.0 = full speed; "
-                             f"0.43 makes each iteration take 1/0.43 = 2.3 times as long)")
-        speeds.append(value)
-    if num_workers is not None and len(speeds) not in (1, num_workers):
-        raise ValueError(f"{len(speeds)} worker speeds given ({text!r}) for {num_workers} workers; "
-                         f"give one per worker or one for all")
-    if num_workers is not None and len(speeds) == 1:
-        speeds = speeds * num_workers
-    return speeds
-
-
-def stretched_time(compute: float, speed: float, jitter_draw: float = 0.0) -> float:
-    """How long an iteration of ``compute`` seconds takes on a worker of ``speed``.
-
-    ``compute / speed``, times ``1 + jitter_draw`` (a draw from ``[-jitter, jitter]``), but
-    never less than ``compute``: an emulated straggler can only sleep, not run faster.
-    The straggler emulation and the simulator both use this rule.
-    """
-    return max(compute, compute / speed * (1.0 + jitter_draw))
+PLUGINS = "KVX_PLUGINS"               # modules that register more store types (registry.load_plugins)
+MAX_FRAME_MB = "KVX_MAX_FRAME_MB"     # transport limits (ps.transport.Limits)
+MAX_FRAMES = "KVX_MAX_FRAMES"
+CURVE = "KVX_CURVE"
 
 
 def params_from_env() -> dict:
@@ -178,11 +87,6 @@ class JobEnv:
     bigarray_bound: int
     start_timeout: float = 600.0
     window_bytes: int = 64 << 20
-
-    @property
-    def limits(self):
-        from .transport import Limits
-        return Limits.from_environ(self.heartbeat_interval, self.heartbeat_timeout, self.secret)
 
     @classmethod
     def from_environ(cls, role: str) -> "JobEnv":

@@ -20,11 +20,13 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from .config import JobEnv, StoreConfig
-from .errors import (JobAbortedError, KVStoreError, NodeLostError, SchedulerLostError,  # noqa: F401
+from ..jobenv import JobEnv
+from ..registry import StoreConfig
+from ..errors import (JobAbortedError, KVStoreError, NodeLostError, SchedulerLostError,  # noqa: F401
                      ServerLostError, WorkerLostError)
-from .transport import (AuthError, Codec, configure, message_size_problem, new_context,
+from .transport import (AuthError, Codec, Limits, configure, message_size_problem, new_context,
                         receive_until)
+from .protocol import Op
 
 
 #: the ``kind`` of a server's error reply -> the exception the worker raises
@@ -93,7 +95,7 @@ class LinkThread(threading.Thread):
                 now = time.monotonic()
                 if now >= next_beat:   # tells the scheduler where to send notices
                     self.hb.send_multipart(conn.codec.seal(
-                        {"op": "heartbeat", "role": "worker", "rank": conn.rank},
+                        {"op": Op.HEARTBEAT, "role": "worker", "rank": conn.rank},
                         to="scheduler", outbox=hb_out))
                     next_beat = now + interval
                 events = dict(poller.poll(int(min(interval, 0.2) * 1000)))
@@ -143,6 +145,7 @@ class LinkThread(threading.Thread):
             ticket = conn.tickets.get(seq) if type(seq) is int else None
             if ticket is None:
                 continue
+            conn.bytes_received += sum(memoryview(b).nbytes for b in buffers)
             try:
                 ticket.fulfil(header, buffers)
             except Exception as exc:   # a reply that does not fit its request
@@ -165,7 +168,7 @@ class Connection:
 
     def __init__(self, store: StoreConfig, env: JobEnv | None = None):
         self.env = env or JobEnv.from_environ("worker")
-        self.limits = self.env.limits
+        self.limits = Limits.for_job(self.env)
         start_timeout = self.env.start_timeout
         self.node = f"node:{os.urandom(6).hex()}"
         self.codec = Codec(self.env.secret, names={self.node})
@@ -184,6 +187,7 @@ class Connection:
         self.failure_type: type = KVStoreError
         self.unreported: Exception | None = None   # an engine operation's error not raised yet
         self.inflight = 0                           # bytes of requests not yet answered
+        self.bytes_sent = self.bytes_received = 0   # array bytes of requests and replies
         self.store = store
         self._register(store, start_timeout)
         self.codec.names.add(f"worker:{self.rank}")
@@ -212,7 +216,7 @@ class Connection:
 
     def _register(self, store: StoreConfig, start_timeout: float) -> None:
         self.sched.send_multipart(self.codec.seal(
-            {"op": "register", "role": "worker", "rank_hint": self.env.worker_rank,
+            {"op": Op.REGISTER, "role": "worker", "rank_hint": self.env.worker_rank,
              "store": store.to_wire(), "node": self.node}, to="scheduler", outbox=self.sched_out))
         reply = receive_until(self.sched, self.sched_in, time.monotonic() + start_timeout)
         if reply is None:
@@ -223,7 +227,7 @@ class Connection:
                                f"are all {self.env.num_workers} workers and "
                                f"{self.env.num_servers} servers running?)")
         header = reply[0]
-        if header["op"] == "abort":
+        if header["op"] == Op.ABORT:
             self.ctx.destroy(0)
             self.closed = True
             raise JobAbortedError(header["error"])
@@ -241,7 +245,7 @@ class Connection:
             # say hello again until one comes back
             while True:
                 self.tx[server].send_multipart(self.codec.seal(
-                    {"op": "hello", "seq": 0, "worker": self.rank,
+                    {"op": Op.HELLO, "seq": 0, "worker": self.rank,
                      "reply_to": self.rx_names[server]},
                     to=f"server:{server}", outbox=self.tx_out[server]))
                 if sock.poll(100):
@@ -257,11 +261,11 @@ class Connection:
     def notice(self, header: dict) -> None:
         """A message from the scheduler (called from the link thread)."""
         op = header.get("op")
-        if op == "ack":
+        if op == Op.ACK:
             return
-        if op == "abort":
+        if op == Op.ABORT:
             self.set_failure(str(header["error"]), JobAbortedError)
-        elif op == "node_dead":
+        elif op == Op.NODE_DEAD:
             role = header["role"]
             who = f"{role} {header['rank']}"
             if role == "server" or self.on_worker_death == "fail":
@@ -331,6 +335,7 @@ class Connection:
                 self.raise_failure()
             self.tx[server].send_multipart(self.codec.seal(
                 header, buffers, to=f"server:{server}", outbox=self.tx_out[server]), copy=False)
+            self.bytes_sent += nbytes
             tickets[server] = ticket
 
     def wait(self, tickets: dict[int, Ticket]) -> dict[int, tuple[dict, list]]:
@@ -419,7 +424,7 @@ class Connection:
             time.sleep(0.01)      # replies still owed to engine operations
         try:
             if not self.failure:
-                self.scheduler_call({"op": "finalize"}, timeout=5.0)
+                self.scheduler_call({"op": Op.FINALIZE}, timeout=5.0)
         except KVStoreError:
             pass
         finally:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import time
 
-from .policies.psp import PartialPushPolicy
+from ..policies.psp import PartialPushPolicy, resolve_min_pushes
+from .protocol import DTYPE, SIZE, STAMP, WANTED, Op
 
 
-class PartialPull:
+class WaitingPull:
     """A request whose pull items wait for their blocks to reach a version."""
 
     __slots__ = ("ident", "seq", "worker", "slots", "min_versions", "unsent")
@@ -26,12 +27,26 @@ class PartialPull:
 
 
 class PartialSyncHandler:
-    """Push, pull and timers of one server under ``dist_psp``."""
+    """Push, pull and timers of one server under ``dist_psp`` (the registry row's
+    ``server_handler``: the server hands it push, pull and pushpull requests)."""
+
+    metrics_name = "psp"
 
     def __init__(self, server):
         self.server = server
-        self.waiting: list[PartialPull] = []
+        self.waiting: list[WaitingPull] = []
         self.dropped_by_worker: dict[int, int] = {}
+        try:
+            self.min_pushes = resolve_min_pushes(server.store_params.get("min_pushes"),
+                                                 server.num_workers)
+        except ValueError as exc:   # the workers say so too; refuse every request
+            self.min_pushes = server.num_workers
+            server.fail(str(exc))
+
+    def make_policy(self) -> PartialPushPolicy:
+        """The policy of a new block, with c resolved against the job's workers."""
+        return PartialPushPolicy(self.server.members, self.min_pushes,
+                                 self.server.store_params["push_timeout"])
 
     # -- requests ----------------------------------------------------------------------------
     def op_push(self, ident, header, buffers) -> None:
@@ -43,7 +58,7 @@ class PartialSyncHandler:
         server.metrics.pushes_received += len(slots)
         closed = []
         for slot, grad, item in zip(slots, grads, items):
-            stamp = int(item[4])
+            stamp = int(item[STAMP])
             outcome = slot.policy.on_push(worker, stamp, now)
             if outcome.dropped:
                 server.metrics.pushes_dropped += 1
@@ -55,7 +70,7 @@ class PartialSyncHandler:
                 closed.append(slot)
             elif outcome.deadline is not None:
                 server.at(outcome.deadline, self.on_timer)
-        if header["op"] == "pushpull":
+        if header["op"] == Op.PUSHPULL:
             self._wait(ident, header, worker, slots, items)
         else:
             server.reply(ident, header["seq"], worker=header["worker"])
@@ -66,12 +81,12 @@ class PartialSyncHandler:
         slots = []
         for item in header["items"]:
             slot = server._slot(item)
-            server._check_block(slot, item[2], item[3], "pulled")
+            server._check_block(slot, item[DTYPE], item[SIZE], "pulled")
             slots.append(slot)
         self._wait(ident, header, header["worker"], slots, header["items"])
 
     def _wait(self, ident, header, worker, slots, items) -> None:
-        p = PartialPull(ident, header["seq"], worker, slots, [int(i[5]) for i in items])
+        p = WaitingPull(ident, header["seq"], worker, slots, [int(i[WANTED]) for i in items])
         self.waiting.append(p)
         self._answer([p])
 
@@ -116,12 +131,6 @@ class PartialSyncHandler:
 
     def to_dict(self) -> dict:
         return {"dropped_by_worker": {str(w): n for w, n in sorted(self.dropped_by_worker.items())},
-                "min_pushes": self.server.psp_min_pushes,
+                "min_pushes": self.min_pushes,
                 "versions": sorted({s.version for s in self.server.slots.values()})[-1:]}
-
-
-def make_psp_policy(server):
-    """The policy of a new block on ``server``, with c resolved against the job's workers."""
-    params = server.store_params
-    return PartialPushPolicy(server.members, server.psp_min_pushes, params["push_timeout"])
 

@@ -1,7 +1,7 @@
 """Parameters of the Horovod stores (``dist_dcs3gd``, ``dist_ssgd``), checked without mxnet.
 
-Kept apart from ``horovod_store`` so that ``config.STORE_TYPES`` can list these
-types without importing mxnet or horovod (the scheduler and servers read it).
+Kept apart from :mod:`kvstore_ext.horovod.store` so that the registry can check these
+parameters without importing mxnet or horovod (the scheduler and servers read it).
 """
 from __future__ import annotations
 
@@ -21,16 +21,6 @@ def dcs3gd_params(params: dict) -> dict:
         raise ValueError(f"kvstore parameter 'lambda0' must be a finite number >= 0, got {raw!r}")
     return {"lambda0": value}
 
-
-def no_params(params: dict) -> dict:
-    return {}
-
-
-#: store type -> (parameter names, validator), in the shape of ``config.STORE_TYPES``
-HOROVOD_STORE_TYPES = {
-    "dist_dcs3gd": (("lambda0",), dcs3gd_params),
-    "dist_ssgd": ((), no_params),
-}
 
 #: MXNet's switch for MKL-DNN kernels; Horovod's allreduce cannot take their array layouts
 MKLDNN_ENV = "MXNET_MKLDNN_ENABLED"

@@ -41,6 +41,8 @@ import numpy as np
 import zmq
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
+from .. import jobenv
+
 NONCE_BYTES = 16
 TAG_BYTES = 16
 
@@ -307,16 +309,21 @@ class Limits:
     curve_key: bytes | None = None
 
     @classmethod
+    def for_job(cls, env) -> "Limits":
+        """The limits of the job a :class:`~kvstore_ext.jobenv.JobEnv` describes."""
+        return cls.from_environ(env.heartbeat_interval, env.heartbeat_timeout, env.secret)
+
+    @classmethod
     def from_environ(cls, heartbeat_interval: float = 1.0, heartbeat_timeout: float = 10.0,
                      secret: bytes | None = None):
-        frame_mb = float(os.environ.get("KVX_MAX_FRAME_MB") or DEFAULT_MAX_FRAME_BYTES / 2 ** 20)
-        frames = int(os.environ.get("KVX_MAX_FRAMES") or DEFAULT_MAX_FRAMES)
+        frame_mb = float(os.environ.get(jobenv.MAX_FRAME_MB) or DEFAULT_MAX_FRAME_BYTES / 2 ** 20)
+        frames = int(os.environ.get(jobenv.MAX_FRAMES) or DEFAULT_MAX_FRAMES)
         if frame_mb <= 0 or frames < 4:
-            raise ValueError(f"KVX_MAX_FRAME_MB must be > 0 and KVX_MAX_FRAMES >= 4, got "
-                             f"{frame_mb} and {frames}")
-        curve = os.environ.get("KVX_CURVE", "0") not in ("", "0")
+            raise ValueError(f"{jobenv.MAX_FRAME_MB} must be > 0 and {jobenv.MAX_FRAMES} >= 4, "
+                             f"got {frame_mb} and {frames}")
+        curve = os.environ.get(jobenv.CURVE, "0") not in ("", "0")
         if curve and not secret:
-            raise ValueError("KVX_CURVE needs the job secret")
+            raise ValueError(f"{jobenv.CURVE} needs the job secret")
         key = curve_secret_key(secret) if curve else None
         return cls(int(frame_mb * 2 ** 20), frames, heartbeat_interval, heartbeat_timeout, key)
 

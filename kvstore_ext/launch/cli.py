@@ -1,0 +1,145 @@
+"""``launch.py``'s command line: MXNet's ``tools/launch.py`` (``-n``, ``-s``, ``-H``,
+``--launcher``, ``--env``...), plus options for this project's stores.
+
+``--launcher horovod`` runs the Horovod stores' workers (:mod:`.horovod_job`); every other
+launcher runs a parameter-server job (:mod:`.ps_job`).
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+
+from .. import jobenv
+from .ps_job import Job
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="launch.py",
+        description="Launch a distributed training job with kvstore_ext's stores (dist_bsp, "
+                    "dist_asp, dist_ssp, ...) or, with --backend mxnet, MXNet's own dist_sync / "
+                    "dist_async. Same command line as MXNet's tools/launch.py.",
+        epilog="example: python scripts/launch.py -n 2 -s 1 --launcher local "
+               "python train.py --kvstore dist_ssp")
+    p.add_argument("-n", "--num-workers", required=True, type=int,
+                   help="number of worker processes; each runs the command")
+    p.add_argument("-s", "--num-servers", type=int,
+                   help="number of server processes (default: the number of workers, as MXNet)")
+    p.add_argument("-H", "--hostfile", type=str,
+                   help="file with one host per line (host or host:ssh_port); workers and servers "
+                        "are placed on them round-robin (ssh and mpi launchers)")
+    p.add_argument("--launcher", choices=["local", "ssh", "mpi", "horovod"],
+                   help="how to start the processes: 'local' on this machine, 'ssh' on the hosts "
+                        "of --hostfile, 'mpi' with mpirun, 'horovod' workers only for dist_dcs3gd / "
+                        "dist_ssgd (Gloo; horovodrun with a hostfile) (default: ssh with a "
+                        "hostfile, else local)")
+    p.add_argument("--sync-dst-dir", type=str,
+                   help="(ssh) rsync the current directory to this directory on every host first")
+    p.add_argument("--env-server", action="append", default=[],
+                   help="NAME:VALUE (or NAME to forward this shell's value) for servers only; repeatable")
+    p.add_argument("--env-worker", action="append", default=[],
+                   help="NAME:VALUE (or NAME) for workers only; repeatable")
+    p.add_argument("--env", action="append", default=[],
+                   help="NAME:VALUE (or NAME) for every process of the job; repeatable")
+    p.add_argument("--backend", choices=["kvstore_ext", "mxnet"], default="kvstore_ext",
+                   help="kvstore_ext: this project's scheduler and servers (for kvstore='dist_bsp' "
+                        "and the other kvstore_ext types; default). mxnet: MXNet's ps-lite "
+                        "scheduler and servers (for kvstore='dist_sync' or 'dist_async')")
+    p.add_argument("--kv-param", action="append", default=[], metavar="NAME=VALUE",
+                   help="a store parameter for every worker, e.g. --kv-param staleness=2; repeatable")
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="a Python module that registers more store types "
+                        "(kvstore_ext.registry.register); every process of the job imports it "
+                        "on `import kvstore_ext` (KVX_PLUGINS); repeatable")
+    p.add_argument("--scheduler-host", type=str,
+                   help="address the scheduler binds to and nodes connect to (default: 127.0.0.1 "
+                        "for local jobs, else this machine's address towards the first host)")
+    p.add_argument("--scheduler-port", type=int, default=0,
+                   help="scheduler port (default: a free one)")
+    p.add_argument("--on-worker-death", choices=list(jobenv.ON_DEATH_CHOICES), default="fail",
+                   help="when a worker dies: 'fail' stops the job with a message naming it; "
+                        "'continue' lets the others go on without it (default: fail)")
+    p.add_argument("--heartbeat-interval", type=float, default=1.0,
+                   help="seconds between ZeroMQ (ZMTP) heartbeats on every connection (default 1)")
+    p.add_argument("--heartbeat-timeout", type=float, default=10.0,
+                   help="a connection whose peer answers no heartbeat for this long is closed and "
+                        "the peer declared dead (a hung host or a cut network); a process that "
+                        "exits or is killed is noticed at once, and one busy computing, even "
+                        "holding Python's GIL, still answers (default 10 s)")
+    p.add_argument("--start-timeout", type=float, default=600.0,
+                   help="seconds every wait during start-up may take: all nodes registering "
+                        "with the scheduler, and every worker initialising a key (kv.init); the "
+                        "error names who is missing (default 600)")
+    p.add_argument("--window-mb", type=float, default=64.0,
+                   help="flow control: a worker sends no more requests while this many MB of "
+                        "its requests are unanswered (one request always goes), which bounds "
+                        "the memory of workers and servers whatever the push rate (default 64)")
+    p.add_argument("--curve", action="store_true",
+                   help="ZeroMQ CURVE security for untrusted networks: every connection is "
+                        "authenticated and encrypted with a key derived from the job secret, "
+                        "and a peer without it is refused during the handshake, before it can "
+                        "make a node hold any data. Costs much more CPU per byte than the "
+                        "default per-message tags (see docs/reliability.md)")
+    p.add_argument("--max-frame-mb", type=float, default=512.0,
+                   help="the largest array (message frame) any node accepts; ZeroMQ drops a "
+                        "connection that announces a larger one before reading it. Raise it for "
+                        "a key larger than this on one server (default 512)")
+    p.add_argument("--max-frames", type=int, default=4096,
+                   help="the most frames one message may have: about the most arrays of 64 KB "
+                        "or more that one call sends to one server (default 4096)")
+    p.add_argument("--worker-speed", type=str, metavar="V0,V1,...",
+                   help="straggler emulation: the speed of each worker in (0, 1], e.g. 1.0,0.43 "
+                        "(a GTX 1080 Ti and a GTX 1060); a worker of speed v sleeps so that each "
+                        "iteration takes 1/v of its measured compute time. One value applies to "
+                        "all. The training script applies it (gluon_trainers.Straggler)")
+    p.add_argument("--speed-jitter", type=float, default=0.0,
+                   help="straggler emulation: each iteration's length is multiplied by a uniform "
+                        "factor in [1 - J, 1 + J], but never falls below the real compute time "
+                        "(default 0)")
+    p.add_argument("--speed-seed", type=int, default=0,
+                   help="seed of the jitter, so runs are reproducible (default 0)")
+    p.add_argument("--delay-replies", type=str, metavar="FRACTION:SECONDS",
+                   help="fault injection: each server holds back this fraction of its replies "
+                        "that carry weights by this many seconds, e.g. 0.0016:4 (the PSP-SGD "
+                        "paper: 0.16%% of pull replies late by 4 s); off by default")
+    p.add_argument("--slow-server", type=str, metavar="RANK:SECONDS",
+                   help="fault injection: server RANK answers every pull this many seconds late, "
+                        "e.g. 1:0.5; off by default")
+    p.add_argument("--fault-seed", type=int, default=0,
+                   help="seed of the fault injection draws, so runs are reproducible (default 0)")
+    p.add_argument("--metrics-dir", type=str,
+                   help="each worker and server writes its metrics here as JSON at the end")
+    p.add_argument("--timeout", type=float, default=0,
+                   help="stop the whole job after this many seconds (default: no limit)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the command and environment of every process, start nothing")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="the command each worker runs; with the local launcher a leading 'python' "
+                        "means the launcher's own interpreter")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.launcher == "horovod":
+        from .horovod_job import run as run_horovod   # imports horovod's runner
+        return run_horovod(args)
+    return Job(args).run()
+
+
+def run_local_job(workers: int, servers: int, command: list[str], options=(), timeout=1800,
+                  quiet=True) -> subprocess.CompletedProcess:
+    """Run ``command`` as a local job through launch.py and wait (for scripts and benchmarks).
+
+    Raises ``RuntimeError`` with the job's last output if it fails.
+    """
+    argv = [sys.executable, "-m", "kvstore_ext.launch", "-n", str(workers), "-s", str(servers),
+            "--launcher", "local", "--timeout", str(timeout), *options, *command]
+    proc = subprocess.run(argv, stdout=subprocess.PIPE if quiet else None,
+                          stderr=subprocess.STDOUT if quiet else None, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stdout or "")[-3000:]
+        raise RuntimeError(f"job {shlex.join(command)} failed with status {proc.returncode}:\n{tail}")
+    return proc

@@ -1,0 +1,172 @@
+"""A parameter-server job: scheduler, servers and workers, on this machine, over ssh, or with
+mpirun (``launch.py``'s default).  With ``--backend mxnet`` it starts MXNet's own ps-lite job
+(``DMLC_*`` variables, ``dist_sync``/``dist_async``) instead, so both can be compared run for run.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import subprocess
+import sys
+
+from .. import jobenv
+from ..ps import faults
+from .hosts import address_towards, free_port, read_hostfile
+from .options import parse_env_pairs, store_env, straggler_env, worker_command
+from .process import Node, Supervisor
+
+
+class Job:
+    """A parameter-server job (this project's or, with ``--backend mxnet``, MXNet's ps-lite):
+    the scheduler, the servers and the workers, placed on this machine or the hosts."""
+
+    def __init__(self, args):
+        self.args = args
+        if args.num_workers < 1:
+            raise SystemExit("launch.py: -n must be at least 1")
+        self.num_servers = args.num_servers if args.num_servers is not None else args.num_workers
+        if self.num_servers < 1:
+            raise SystemExit("launch.py: -s must be at least 1")
+        self.launcher = args.launcher or ("ssh" if args.hostfile else "local")
+        if self.launcher != "local" and not args.hostfile:
+            raise SystemExit(f"launch.py: --launcher {self.launcher} needs -H HOSTFILE")
+        self.hosts = read_hostfile(args.hostfile) if args.hostfile else [("127.0.0.1", None)]
+        if args.scheduler_host:
+            self.sched_host = args.scheduler_host
+        elif self.launcher == "local":
+            self.sched_host = "127.0.0.1"
+        else:
+            self.sched_host = address_towards(self.hosts[0][0])
+        self.secret = secrets.token_hex(32)
+        self.straggler_env = straggler_env(args)
+        self.fault_env = {faults.FAULT_SEED: str(args.fault_seed)}
+        try:
+            if args.delay_replies:
+                faults.parse_delay_replies(args.delay_replies)
+                self.fault_env[faults.DELAY_REPLIES] = args.delay_replies
+            if args.slow_server:
+                faults.parse_slow_server(args.slow_server, self.num_servers)
+                self.fault_env[faults.SLOW_SERVER] = args.slow_server
+        except ValueError as exc:
+            raise SystemExit(f"launch.py: {exc}") from None
+        self.command = worker_command(args, local=self.launcher == "local")
+        self.supervisor = Supervisor(args.timeout, elastic=args.on_worker_death == "continue")
+
+    # -- environments -------------------------------------------------------------------------
+    def base_env(self, role: str) -> dict:
+        a = self.args
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("DMLC_") and k not in jobenv.IDENTITY_VARIABLES}
+        env.update(parse_env_pairs(a.env))
+        env.update(parse_env_pairs(a.env_server if role == "server" else
+                                   a.env_worker if role == "worker" else []))
+        if a.backend == "mxnet":
+            env.update({"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": self.sched_host,
+                        "DMLC_PS_ROOT_PORT": str(self.native_port),
+                        "DMLC_NUM_WORKER": str(a.num_workers),
+                        "DMLC_NUM_SERVER": str(self.num_servers)})
+            if self.launcher == "local":
+                env["DMLC_NODE_HOST"] = "127.0.0.1"
+            return env
+        env.update({jobenv.ROLE: role, jobenv.SCHEDULER_HOST: self.sched_host,
+                    jobenv.NUM_WORKER: str(a.num_workers), jobenv.NUM_SERVER: str(self.num_servers),
+                    jobenv.ON_WORKER_DEATH: a.on_worker_death,
+                    jobenv.HEARTBEAT_INTERVAL: str(a.heartbeat_interval),
+                    jobenv.HEARTBEAT_TIMEOUT: str(a.heartbeat_timeout),
+                    jobenv.START_TIMEOUT: str(a.start_timeout), jobenv.WINDOW_MB: str(a.window_mb),
+                    jobenv.MAX_FRAME_MB: str(a.max_frame_mb),
+                    jobenv.MAX_FRAMES: str(a.max_frames), jobenv.CURVE: "1" if a.curve else "0"})
+        if self.launcher != "ssh":
+            env[jobenv.SECRET] = self.secret   # over ssh it travels on stdin, not argv
+        env.update(store_env(a))
+        if role == "server":
+            env.update(self.fault_env)
+            env.setdefault("MXNET_ENGINE_TYPE", "NaiveEngine")
+            env.setdefault("OMP_NUM_THREADS", "1")
+        return env
+
+    def plan(self, sched_port: int) -> list[Node]:
+        """Servers then workers, placed round-robin on the hosts."""
+        a = self.args
+        nodes = []
+        if a.backend == "mxnet":
+            server_argv = [sys.executable, "-c", "import mxnet"]
+        else:
+            server_argv = [sys.executable, "-m", "kvstore_ext.ps.server"]
+        for j in range(self.num_servers):
+            env = self.base_env("server")
+            nodes.append(self.place(f"server {j}", server_argv, env, self.hosts[j % len(self.hosts)]))
+        for i in range(a.num_workers):
+            env = self.base_env("worker")
+            env.update(self.straggler_env)
+            if a.backend != "mxnet":
+                env[jobenv.WORKER_RANK] = str(i)
+            nodes.append(self.place(f"worker {i}", list(self.command), env,
+                                    self.hosts[i % len(self.hosts)]))
+        for node in nodes:
+            if a.backend != "mxnet":
+                node.env[jobenv.SCHEDULER_PORT] = str(sched_port)
+                if self.launcher == "local":
+                    node.env[jobenv.NODE_HOST] = "127.0.0.1"
+        return nodes
+
+    def place(self, name, argv, env, host) -> Node:
+        if self.launcher == "local":
+            return Node(name, argv, env)
+        hostname, port = host
+        if self.launcher == "ssh":
+            if self.args.backend != "mxnet":
+                env[jobenv.NODE_HOST] = hostname
+            wd = self.args.sync_dst_dir or os.getcwd()
+            exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())
+                               if k.startswith(("KVX_", "DMLC_", "MXNET_", "OMP_")) or
+                               k in parse_env_pairs(self.args.env))
+            remote = (f"read -r {jobenv.SECRET}; export {jobenv.SECRET}; cd {shlex.quote(wd)} && "
+                      f"env {exports} {shlex.join(argv)}")
+            ssh = ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes"]
+            if port:
+                ssh += ["-p", str(port)]
+            return Node(name, ssh + [hostname, remote], dict(os.environ), host=hostname,
+                        stdin=(self.secret + "\n").encode())
+        # mpi: one mpirun per process, so each gets its own role and rank
+        exported = sorted(k for k in env if k.startswith(("KVX_", "DMLC_", "MXNET_", "OMP_")))
+        mpirun = ["mpirun", "--allow-run-as-root", "-n", "1", "-H", hostname]
+        for k in exported:
+            mpirun += ["-x", k]
+        return Node(name, mpirun + argv, env, host=hostname)
+
+    # -- running ------------------------------------------------------------------------------
+    def start_scheduler(self) -> int:
+        if self.args.backend == "mxnet":
+            self.native_port = self.args.scheduler_port or free_port(self.sched_host)
+            self.supervisor.spawn(Node("scheduler", [sys.executable, "-c", "import mxnet"],
+                                       self.base_env("scheduler")))
+            return self.native_port
+        env = self.base_env("scheduler")
+        node = self.supervisor.spawn(
+            Node("scheduler", [sys.executable, "-m", "kvstore_ext.ps.scheduler", "--host",
+                               self.sched_host, "--port", str(self.args.scheduler_port)], env),
+            stdout=subprocess.PIPE)
+        line = node.proc.stdout.readline().decode().strip()
+        if not line.startswith(f"{jobenv.SCHEDULER_PORT}="):
+            raise RuntimeError(f"the scheduler did not start (it printed {line!r})")
+        return int(line.split("=", 1)[1])
+
+    def start(self) -> None:
+        sched_port = self.start_scheduler()
+        for node in self.plan(sched_port):
+            self.supervisor.spawn(node)
+
+    def dry_run(self) -> None:
+        self.native_port = self.args.scheduler_port or 9091
+        sched_port = self.args.scheduler_port or 9091
+        print(f"scheduler on {self.sched_host}:{sched_port} (this machine)")
+        for node in self.plan(sched_port):
+            print(node.describe(("KVX_", "DMLC_")))
+
+    def run(self) -> int:
+        if self.args.dry_run:
+            self.dry_run()
+            return 0
+        return self.supervisor.run(self.start)

@@ -25,7 +25,7 @@ from typing import Callable
 from .horovod.params import dcs3gd_params
 from .jobenv import PLUGINS, STORE_PARAMS, params_from_env
 from .policies import ASPPolicy, BSPPolicy, DSSPPolicy, SSPPolicy, SyncPolicy, check_staleness
-from .policies.psp import check_psp_params
+from .policies.psp import PartialPushPolicy, check_psp_params, resolve_min_pushes
 
 #: the runtimes a store type can run on
 PS = "ps"              # this project's scheduler, servers and worker links (ZeroMQ)
@@ -42,7 +42,9 @@ class StoreType:
 
     ``policy(workers, params, record)`` builds the synchronisation model a server runs for
     one key (``record``: keep a log of decisions for the metrics); ``None`` for stores whose
-    servers decide otherwise (``server_handler``) or that have no servers.  ``store_class``
+    servers decide otherwise (``server_handler``) or that have no servers.  A store whose
+    rounds are versions of a block (``dist_psp``) gives ``block_policy(workers, params)``
+    instead, which the simulator runs.  ``store_class``
     and ``server_handler`` are ``"module:attribute"`` strings, imported on first use, so that
     reading the table needs neither mxnet nor horovod.  ``examples`` are the labelled
     parameter settings the simulator compares by default.
@@ -54,6 +56,7 @@ class StoreType:
     params: tuple[str, ...] = ()
     check: Callable[[dict], dict] = no_params
     policy: Callable[..., SyncPolicy] | None = None
+    block_policy: Callable[..., object] | None = None
     asynchronous: bool = False
     store_class: str | None = None
     server_handler: str | None = None
@@ -237,7 +240,10 @@ register(StoreType(
     "dist_psp", "Partial push and partial pull (PSP-SGD).",
     params=("min_pushes", "min_pull_fraction", "push_timeout", "pull_timeout"),
     check=check_psp_params, store_class="kvstore_ext.ps.store:DistPSP",
-    server_handler="kvstore_ext.ps.server_psp:PartialSyncHandler"))
+    server_handler="kvstore_ext.ps.server_psp:PartialSyncHandler",
+    block_policy=lambda workers, params: PartialPushPolicy(
+        workers, resolve_min_pushes(params["min_pushes"], len(workers)), params["push_timeout"]),
+    examples=(("PSP c=n", {}), ("PSP c=0.75n", {"min_pushes": 0.75}))))
 register(StoreType(
     "dist_dcs3gd", "DC-S3GD: non-blocking allreduce of weight updates with delay compensation.",
     backend=HOROVOD, params=("lambda0",), check=dcs3gd_params,

@@ -1,7 +1,9 @@
 """A discrete-event simulator: virtual workers driving the very policies the servers run.
 
 Each virtual worker computes for its iteration time, pushes, and starts its
-next iteration when the policy gives it OK.  No processes, no arrays: it runs
+next iteration when the policy gives it OK (under ``dist_psp``: when the block's
+round closes, or at once if its push was dropped as late).  Every registry row
+with a policy is simulated, with its example settings.  No processes, no arrays: it runs
 thousands of workers in seconds, and answers "how many iterations does each
 paradigm get through in a given time on this cluster" before any training.
 
@@ -28,6 +30,7 @@ class SimResult:
     decisions: int
     horizon: float
     leads: list[int] = field(default_factory=list)
+    dropped: int = 0            # pushes dropped as late (dist_psp)
 
     @property
     def total_iterations(self) -> int:
@@ -47,6 +50,10 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
     straggler emulation does (:func:`config.stretched_time`); ``latency`` is added
     between an OK and the next iteration's start (the pull).
     """
+    row = registry.lookup(store_type)
+    if row.policy is None and row.block_policy is not None:
+        return simulate_blocks(row, row.check(params), speeds, horizon, base_time, jitter,
+                               seed, latency)
     rng = random.Random(seed)
     n = len(speeds)
     policy = registry.make_policy(store_type, range(n), params)
@@ -80,12 +87,71 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
     return SimResult(iterations, wait, max_lead, decisions, horizon, leads)
 
 
+def simulate_blocks(row, params: dict, speeds, horizon: float, base_time: float = 1.0,
+                    jitter: float = 0.0, seed: int = 0, latency: float = 0.0) -> SimResult:
+    """The same, for a store whose rounds are versions of a block (``dist_psp``, one block).
+
+    A worker pushes its gradient stamped with the version it holds; the row's block policy
+    drops it if the block has moved on, or sums it into the round, which closes after c
+    pushes and τ1 more (a timer event), or when every worker has pushed.  The pull that
+    follows waits for the next version; then the worker starts its next iteration.
+    """
+    rng = random.Random(seed)
+    n = len(speeds)
+    policy = row.block_policy(range(n), params)
+    iterations = {w: 0 for w in range(n)}
+    wait = {w: 0.0 for w in range(n)}
+    held = {w: 0 for w in range(n)}              # the version of the block each worker holds
+    waiting: dict[int, tuple[int, float]] = {}   # worker -> (version wanted, pushed at)
+    events: list[tuple[float, int, int]] = []    # (time, tie-break, worker; -1 for a timer)
+    seq = 0
+    max_lead, decisions, leads = 0, 0, []
+
+    def start(worker: int, at: float) -> None:
+        nonlocal seq
+        draw = rng.uniform(-jitter, jitter) if jitter else 0.0
+        seq += 1
+        heapq.heappush(events, (at + latency + stretched_time(base_time, speeds[worker], draw),
+                                seq, worker))
+
+    def release(now: float) -> None:
+        nonlocal max_lead
+        for worker, (wanted, pushed_at) in sorted(waiting.items()):
+            if policy.version >= wanted:
+                del waiting[worker]
+                held[worker] = policy.version
+                lead = iterations[worker] - min(iterations.values())
+                max_lead = max(max_lead, lead)
+                leads.append(lead)
+                wait[worker] += now - pushed_at
+                start(worker, now)
+
+    for w in range(n):
+        start(w, 0.0)
+    while events and events[0][0] <= horizon:
+        now, _, worker = heapq.heappop(events)
+        if worker < 0:
+            outcome = policy.on_timer(now)
+        else:
+            iterations[worker] += 1
+            outcome = policy.on_push(worker, held[worker], now)
+            waiting[worker] = (held[worker] + 1, now)
+            decisions += 1
+        if outcome.deadline is not None:
+            seq += 1
+            heapq.heappush(events, (outcome.deadline, seq, -1))
+        release(now)
+    return SimResult(iterations, wait, max_lead, decisions, horizon, leads, policy.dropped)
+
+
 def paradigms(stores: list[str] | None = None) -> dict[str, tuple[str, dict]]:
     """label -> (store type, parameters): each registry row's example settings, for every row
-    whose servers run a per-key policy (or the rows named in ``stores``)."""
+    whose servers run a policy the simulator can drive (or the rows named in ``stores``)."""
+    def simulated(row):
+        return row.policy is not None or row.block_policy is not None
     rows = [registry.lookup(name) for name in stores] if stores else \
-        [row for row in registry.STORES.values() if row.policy is not None]
-    return {label: (row.name, row.check(params)) for row in rows if row.policy is not None
+        [row for row in registry.STORES.values() if simulated(row)]
+    return {label: (row.name, row.check(params)) for row in rows if simulated(row)
             for label, params in row.settings()}
 
 
@@ -107,7 +173,8 @@ def main(argv=None) -> int:
                              "servers run a per-key policy, each with its example settings)")
     args = parser.parse_args(argv)
     speeds = [float(v) for v in args.speeds.split(",")]
-    print(f"{'paradigm':<12} {'iterations':>10} {'per worker':>18} {'vs BSP':>7} {'max lead':>8}")
+    print(f"{'paradigm':<12} {'iterations':>10} {'per worker':>18} {'vs BSP':>7} {'max lead':>8} "
+          f"{'dropped':>7}")
     base = None
     chosen = [n for n in args.stores.split(",") if n.strip()] or None
     for name, (store_type, params) in paradigms(chosen).items():
@@ -116,7 +183,7 @@ def main(argv=None) -> int:
         base = base or r.total_iterations
         per = ",".join(str(r.iterations[w]) for w in sorted(r.iterations))
         print(f"{name:<12} {r.total_iterations:>10} {per:>18} "
-              f"{r.total_iterations / base:>6.2f}x {r.max_lead_at_ok:>8}")
+              f"{r.total_iterations / base:>6.2f}x {r.max_lead_at_ok:>8} {r.dropped:>7}")
     return 0
 
 

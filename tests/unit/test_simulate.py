@@ -1,0 +1,49 @@
+"""The simulator drives every registry row that has a policy, PSP's block rounds included."""
+import pytest
+
+from kvstore_ext.simulate import paradigms, simulate
+
+SPEEDS = [1.0, 1.0, 1.0, 0.3]
+
+
+@pytest.mark.parametrize("jitter", [0.0, 0.3])
+def test_psp_with_c_n_is_bsp_round_for_round(jitter):
+    psp = simulate("dist_psp", {}, SPEEDS, horizon=300, jitter=jitter, seed=4)
+    bsp = simulate("dist_bsp", {}, SPEEDS, horizon=300, jitter=jitter, seed=4)
+    assert psp.iterations == bsp.iterations and psp.dropped == 0
+    assert psp.max_lead_at_ok == 0
+
+
+def test_psp_with_c_below_n_leaves_the_straggler_behind_and_drops_its_late_pushes():
+    psp = simulate("dist_psp", {"min_pushes": 3}, SPEEDS, horizon=300, seed=1)
+    bsp = simulate("dist_bsp", {}, SPEEDS, horizon=300, seed=1)
+    fast = [psp.iterations[w] for w in range(3)]
+    assert min(fast) > 2.5 * bsp.iterations[0], (psp.iterations, bsp.iterations)
+    # the straggler's gradients are mostly late: computed from a version the fast three
+    # have already moved past
+    assert 0.5 * psp.iterations[3] <= psp.dropped <= psp.iterations[3], psp
+    assert psp.max_lead_at_ok > 100
+
+
+def test_psp_push_timeout_holds_a_round_open_in_virtual_time():
+    quick = simulate("dist_psp", {"min_pushes": 3}, SPEEDS, horizon=300, seed=1)
+    held = simulate("dist_psp", {"min_pushes": 3, "push_timeout": 2.0}, SPEEDS, horizon=300,
+                    seed=1)
+    # after the third push each round stays open 2 more units (τ1) for the straggler: a round
+    # of the fast workers takes 1 + 2 units instead of 1
+    assert quick.iterations[0] == 300
+    assert held.iterations[0] == pytest.approx(300 / 3, abs=1), held
+
+
+def test_psp_parameters_are_checked_as_the_store_checks_them():
+    with pytest.raises(ValueError, match="min_pushes"):
+        simulate("dist_psp", {"min_pushes": 0}, SPEEDS, horizon=10)
+    with pytest.raises(ValueError, match="min_pushes=5 must be between 1 and the number of workers"):
+        simulate("dist_psp", {"min_pushes": 5}, SPEEDS, horizon=10)
+
+
+def test_every_simulated_paradigm_comes_from_the_registry():
+    stores = {store for store, _ in paradigms().values()}
+    assert stores == {"dist_bsp", "dist_asp", "dist_ssp", "dist_dssp", "dist_psp"}
+    assert {label for label, (store, _) in paradigms(["dist_psp"]).items()} == {
+        "PSP c=n", "PSP c=0.75n"}

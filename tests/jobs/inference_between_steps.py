@@ -36,7 +36,7 @@ def main():
         loss.backward()
         trainer.step(16)
     mx.nd.waitall()
-    print("steps done", args.steps, flush=True)
+    print(f"steps done {args.steps}", flush=True)   # one write: the job shares one output
     return 0
 
 

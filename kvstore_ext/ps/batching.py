@@ -54,8 +54,9 @@ class Batch:
 class Coalescer:
     """Holds the open batch and decides when it goes out."""
 
-    def __init__(self, send):
+    def __init__(self, send, clock=time.monotonic):
         self._send = send            # plan messages -> tickets
+        self._clock = clock          # what "quiet for QUIET seconds" is measured with
         self._lock = threading.Lock()
         self._open: Batch | None = None
         self.cycle_end = None
@@ -74,7 +75,7 @@ class Coalescer:
                 if self.cycle_end is None and key == self._previous[0]:
                     self.cycle_end = self._previous[1]   # the last batch was one whole step
             batch.add(plan, key)
-            self.last_add = time.monotonic()
+            self.last_add = self._clock()
             if key == self.cycle_end:
                 self._send_locked()
             return batch
@@ -88,7 +89,7 @@ class Coalescer:
     def wait_sent(self, batch: Batch) -> None:
         """Wait until ``batch`` is sent; send it if the calls feeding it have stopped."""
         while not batch.sent.wait(QUIET):
-            if time.monotonic() - self.last_add >= QUIET:
+            if self._clock() - self.last_add >= QUIET:
                 self.flush(batch)
 
     def _send_locked(self) -> None:

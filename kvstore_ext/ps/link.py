@@ -150,9 +150,9 @@ class LinkThread(threading.Thread):
                 ticket.fulfil(header, buffers)
             except Exception as exc:   # a reply that does not fit its request
                 ticket.fail(f"malformed reply from a server: {exc}")
-            if ticket.event.is_set():
-                conn.finished(seq)
-            with conn.progress:
+            with conn.progress:     # one lock and one wake-up per reply
+                if ticket.event.is_set():
+                    conn._release(seq)
                 conn.progress.notify_all()
 
     def _drain_notices(self) -> None:
@@ -284,12 +284,16 @@ class Connection:
             self.progress.notify_all()
 
     def finished(self, seq: int) -> None:
-        """A request was answered: its bytes leave the window (called by the link thread)."""
+        """A request was answered (or will never be): its bytes leave the window."""
+        with self.progress:
+            self._release(seq)
+            self.progress.notify_all()
+
+    def _release(self, seq: int) -> None:
+        """:meth:`finished` for a caller that holds ``progress`` already."""
         ticket = self.tickets.pop(seq, None)
-        if ticket is not None and ticket.nbytes:
-            with self.progress:
-                self.inflight -= ticket.nbytes
-                self.progress.notify_all()
+        if ticket is not None:
+            self.inflight -= ticket.nbytes
 
     def raise_failure(self):
         raise self.failure_type(self.failure)
@@ -301,13 +305,15 @@ class Connection:
             raise KVStoreError("this kvstore has been closed")
         if self.failure:
             self.raise_failure()
-        for header, buffers in messages.values():
-            problem = message_size_problem(buffers, self.limits)
+        sizes = {}   # each buffer's bytes, read once: for the limits and for the window
+        for server, (header, buffers) in messages.items():
+            sizes[server] = [memoryview(b).nbytes for b in buffers]
+            problem = message_size_problem(sizes[server], self.limits)
             if problem:
                 raise KVStoreError(f"{header.get('op')}: {problem}")
         tickets = {}
         with self.send_lock:   # the training thread and MXNet's engine threads both send
-            self._send_locked(messages, tickets)
+            self._send_locked(messages, sizes, tickets)
         return tickets
 
     def _wait_for_window(self, nbytes: int) -> None:
@@ -319,9 +325,9 @@ class Connection:
                 self.progress.wait(0.5)
             self.inflight += nbytes
 
-    def _send_locked(self, messages, tickets) -> None:
+    def _send_locked(self, messages, sizes, tickets) -> None:
         for server, (header, buffers) in messages.items():
-            nbytes = sum(memoryview(b).nbytes for b in buffers)
+            nbytes = sum(sizes[server])
             self._wait_for_window(nbytes)
             seq = next(self.seq)
             header["seq"] = seq

@@ -390,15 +390,15 @@ def receive_until(sock: zmq.Socket, inbox: Inbox, deadline: float):
             continue
 
 
-def message_size_problem(buffers, limits: Limits) -> str | None:
-    """Why a message of ``buffers`` would be refused by its receiver, or None."""
-    big = [n for n in (_as_bytes_view(b).nbytes for b in buffers) if n > limits.max_frame_bytes]
+def message_size_problem(sizes: list[int], limits: Limits) -> str | None:
+    """Why a message of buffers of ``sizes`` bytes would be refused by its receiver, or None."""
+    big = [n for n in sizes if n > limits.max_frame_bytes]
     if big:
         return (f"an array of {big[0]} bytes is over the job's frame limit of "
                 f"{limits.max_frame_bytes} bytes (raise launch.py --max-frame-mb, or use more "
                 f"servers so that large keys are split)")
-    if len(buffers) + 4 > limits.max_frames:
-        return (f"{len(buffers)} arrays in one message are over the job's limit of "
+    if len(sizes) + 4 > limits.max_frames:
+        return (f"{len(sizes)} arrays in one message are over the job's limit of "
                 f"{limits.max_frames} frames (launch.py --max-frames)")
     return None
 

@@ -9,13 +9,13 @@ def plan(key, server=0):
     return {server: ([[key, 0, "<f4", 1]], [b"x"], [key])}
 
 
-def make():
+def make(**options):
     sent = []
     def send(messages):   # what would go to each server: record the op and the keys
         header, _ = messages[0]
         sent.append((header["op"], [item[0] for item in header["items"]]))
         return {0: len(sent)}
-    return Coalescer(send), sent
+    return Coalescer(send, **options), sent
 
 
 def test_first_step_is_sent_when_calls_stop_then_steps_go_out_at_their_last_key():
@@ -41,13 +41,20 @@ def test_a_repeated_key_starts_a_new_batch():
 
 
 def test_calls_still_coming_keep_the_batch_open():
-    c, sent = make()
+    """The burst's calls come closer together than QUIET on the coalescer's clock (a clock the
+    test moves, so that a slow machine cannot stretch the gaps): the waiting operation does not
+    send the batch early, and sends it once the calls have stopped for QUIET."""
+    now = [0.0]
+    c, sent = make(clock=lambda: now[0])
     b = c.add("pushpull", 0, plan(0))
     waiter = threading.Thread(target=c.wait_sent, args=(b,))
     waiter.start()
     for k in range(1, 20):                  # a burst faster than QUIET
+        time.sleep(QUIET)                   # the waiter looks again in real time...
+        now[0] += QUIET / 4                 # ...but on the store's clock the calls keep coming
         c.add("pushpull", k, plan(k))
-        time.sleep(QUIET / 4)
+    assert sent == [] and waiter.is_alive()
+    now[0] += QUIET                         # the calls stop
     waiter.join(timeout=5)
     assert not waiter.is_alive()
     assert sent[0][1] == list(range(20))

@@ -46,3 +46,36 @@ def cifar_resnet50_v1(classes: int = 10):
 
 
 MODELS = {"lenet": lenet, "alexnet_small": alexnet_small, "cifar_resnet50_v1": cifar_resnet50_v1}
+
+
+def forward_macs(net, input_shape) -> int:
+    """Multiply-accumulates of one forward pass of ``net`` on one sample of ``input_shape``
+    (C, H, W): the convolutions and dense layers, counted from the shapes they really see.
+    ``kvstore_ext.devices`` turns these counts into emulated device times."""
+    import mxnet as mx
+    total = [0]
+
+    def conv(block, inputs, output):
+        kernel = block.weight.shape           # (out, in/groups, kh, kw)
+        total[0] += output.size * kernel[1] * kernel[2] * kernel[3]
+
+    def dense(block, inputs, output):
+        total[0] += output.size * block.weight.shape[1]
+
+    hooks = []
+
+    def attach(block):
+        if isinstance(block, nn.Conv2D):
+            hooks.append(block.register_forward_hook(conv))
+        elif isinstance(block, nn.Dense):
+            hooks.append(block.register_forward_hook(dense))
+        for child in block._children.values():
+            attach(child)
+
+    attach(net)
+    try:
+        net(mx.nd.zeros((1,) + tuple(input_shape)))
+    finally:
+        for h in hooks:
+            h.detach()
+    return total[0]

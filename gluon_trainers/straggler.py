@@ -1,13 +1,22 @@
-"""Straggler emulation: make a worker behave as if it ran on a slower device.
+"""Straggler emulation: make a worker behave as if it ran on a given, or a slower, device.
 
-A worker of speed ``v`` sleeps ``(1/v - 1)`` times its measured compute time
+Two rules, chosen by launch.py's options (:func:`from_env` picks the one a job asked for):
+
+- :class:`EmulatedDevice` (``--device``): each iteration lasts ``max(host time, device
+  time)``, the device time from :class:`kvstore_ext.devices.DeviceClock` (a profile or a
+  time in ms, and its straggler patterns).  Host contention is absorbed while the device is
+  the slower, so many emulated GPUs share two cores honestly; the host's share is measured.
+- :class:`Straggler` (``--worker-speed``): a worker of speed ``v`` sleeps ``(1/v - 1)`` times its measured compute time
 after each iteration's backward pass, so its iteration takes ``1/v`` times as
 long; with jitter, each stretch varies by a uniform factor, seeded per worker.
-It wraps the training loop, not the store, so it works the same with every
+  Its time depends on the host's load, so it is for clusters where each worker has its
+  own uncontended device and one of them should look slower than it is.
+
+Both wrap the training loop, not the store, so it works the same with every
 store (kvstore_ext's, MXNet's own, Horovod): a GTX 1080 Ti + GTX 1060 pair
 is ``--worker-speed 1.0,0.43`` in ``launch.py``.
 
-    straggler = Straggler.from_env(kv.rank)
+    straggler = from_env(kv.rank, kv.num_workers, batch_size)
     for data, label in batches:
         straggler.begin()            # waits for the weights: that time is not compute
         with autograd.record():
@@ -18,11 +27,14 @@ is ``--worker-speed 1.0,0.43`` in ``launch.py``.
 """
 from __future__ import annotations
 
+import csv
 import os
 import random
+import statistics
+import sys
 import time
 
-from kvstore_ext import jobenv, stragglers
+from kvstore_ext import devices, jobenv, stragglers
 
 
 class Straggler:
@@ -98,3 +110,140 @@ class Straggler:
         return {"speed": self.speed, "jitter": self.jitter, "iterations": self.iterations,
                 "compute_time_s": self.compute_time, "wait_time_s": self.wait_time,
                 "slept_s": self.slept}
+
+
+class EmulatedDevice:
+    """Makes each iteration of one worker last ``max(host time, device time)``.
+
+    ``begin()`` waits for the pulled weights (not device time) and starts the clock;
+    ``end()`` waits for the gradients (the host's real compute), then sleeps what is left of
+    the iteration's device time.  Every iteration is recorded: its start, host and device
+    seconds, the patterns' factor, the sleep and the wait for weights.
+    """
+
+    #: host work above this share of the device time makes the emulation contention-bound
+    HOST_SHARE_WARNING = 0.5
+
+    def __init__(self, clock: devices.DeviceClock, rank: int = 0, sleep=time.sleep,
+                 wait_all=None, now=time.perf_counter):
+        self.clock = clock
+        self.rank = rank
+        self._sleep, self._wait_all, self._now = sleep, wait_all, now
+        self._t0: float | None = None
+        self._started: float | None = None
+        self._waited = 0.0
+        self.rows: list[dict] = []
+        self.warned = False
+
+    active = True
+
+    @classmethod
+    def from_env(cls, rank: int, num_workers: int, batch_size: int) -> "EmulatedDevice":
+        """The device of worker ``rank`` from launch.py's ``--device`` and pattern options."""
+        env = os.environ
+        patterns = [p for p in env.get(jobenv.STRAGGLER_PATTERNS, "").split(";") if p.strip()]
+        batch = int(env.get(jobenv.DEVICE_BATCH) or batch_size)
+        clock = devices.DeviceClock.from_specs(
+            env[jobenv.DEVICE], patterns, rank, num_workers, env.get(jobenv.DEVICE_MODEL) or None,
+            batch, int(env.get(jobenv.SPEED_SEED, "0") or 0))
+        return cls(clock, rank)
+
+    def _sync(self) -> None:
+        if self._wait_all is None:
+            import mxnet as mx
+            self._wait_all = mx.nd.waitall
+        self._wait_all()
+
+    def begin(self) -> None:
+        """Start of an iteration: wait for the weights, then start the device's clock."""
+        t = self._now()
+        self._sync()
+        self._started = self._now()
+        self._waited = self._started - t
+        if self._t0 is None:
+            self._t0 = self._started
+
+    def end(self) -> float:
+        """After backward: wait for the gradients, then sleep the rest of the device time."""
+        if self._started is None:
+            raise RuntimeError("EmulatedDevice.end() without begin()")
+        self._sync()
+        host = self._now() - self._started
+        start = self._started - self._t0
+        self._started = None
+        device = self.clock.next_time(start)
+        extra = max(0.0, device - host)
+        if extra > 0:
+            self._sleep(extra)
+        self.rows.append({"iteration": len(self.rows), "start_s": start, "host_s": host,
+                          "device_s": device, "factor": self.clock.last_factor,
+                          "slept_s": extra, "wait_s": self._waited})
+        if not self.warned and len(self.rows) >= 20 and self.host_share() > self.HOST_SHARE_WARNING:
+            self.warned = True
+            print(f"worker {self.rank}: host work takes {self.host_share():.0%} of the emulated "
+                  f"device time: iterations now depend on the host's load. Use fewer workers, a "
+                  f"smaller model or longer device times", file=sys.stderr, flush=True)
+        return extra
+
+    def host_share(self) -> float:
+        """Median host time over device time, per iteration (1 or more: the host is the bound)."""
+        if not self.rows:
+            return 0.0
+        return statistics.median(r["host_s"] / r["device_s"] for r in self.rows)
+
+    def to_dict(self) -> dict:
+        rows = self.rows
+        out = {"device_s": self.clock.base, "iterations": len(rows),
+               "host_share": self.host_share(),
+               "device_time_s": sum(r["device_s"] for r in rows),
+               "compute_time_s": sum(r["host_s"] for r in rows),
+               "slept_s": sum(r["slept_s"] for r in rows),
+               "wait_time_s": sum(r["wait_s"] for r in rows),
+               "slowed_iterations": sum(1 for r in rows if r["factor"] > 1)}
+        metrics = os.environ.get(jobenv.METRICS_DIR)
+        if metrics and rows:
+            path = os.path.join(metrics, f"device-worker{self.rank}.csv")
+            os.makedirs(metrics, exist_ok=True)
+            with open(path, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+                writer.writeheader()
+                writer.writerows(rows)
+            out["per_iteration_csv"] = path
+        return out
+
+
+def from_env(rank: int, num_workers: int | None = None, batch_size: int = 128):
+    """The emulation a job asked for: an :class:`EmulatedDevice` with ``--device``, else a
+    :class:`Straggler` (inactive at speed 1)."""
+    if os.environ.get(jobenv.DEVICE, "").strip():
+        return EmulatedDevice.from_env(rank, num_workers or 1, batch_size)
+    return Straggler.from_env(rank, num_workers)
+
+
+# -- reading the per-iteration logs back (experiments, tests) ------------------------------------
+def read_device_logs(metrics_dir: str, workers: int) -> list[list[dict]] | None:
+    """Every worker's ``device-worker{rank}.csv`` rows as numbers; None if one is missing."""
+    logs = []
+    for rank in range(workers):
+        path = os.path.join(metrics_dir, f"device-worker{rank}.csv")
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            logs.append([{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)])
+    return logs
+
+
+def round_overhead(logs: list[list[dict]]) -> float | None:
+    """What a synchronous round costs beyond its slowest device time, median over the rounds
+    (the first, MXNet's warm-up, left out): pushes, the update, the replies, the pulls."""
+    rounds = min(len(log) for log in logs)
+    gaps = [logs[0][i + 1]["start_s"] - logs[0][i]["start_s"]
+            - max(log[i]["device_s"] for log in logs) for i in range(1, rounds - 1)]
+    return statistics.median(gaps) if gaps else None
+
+
+def warm_up(logs: list[list[dict]]) -> float:
+    """How much longer than its device time the first iteration took (median over workers):
+    MXNet's first forward and backward."""
+    firsts = [log[1]["start_s"] - log[0]["device_s"] for log in logs if len(log) > 1]
+    return statistics.median(firsts) if firsts else 0.0

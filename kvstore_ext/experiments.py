@@ -15,13 +15,17 @@ from dataclasses import dataclass, field
 import yaml
 
 from .registry import STORE_TYPES, StoreConfig, is_horovod
+from .devices import DeviceClock, parse_devices
 from .stragglers import parse_speeds
 
 TOP_KEYS = {"name", "description", "paper", "script", "args", "workers", "servers", "clusters",
             "trials", "targets", "paradigms", "timeout", "quick", "env"}
 #: a cluster is a list of worker speeds, or a mapping with the speeds, their jitter (launch.py's
 #: --speed-jitter/--speed-seed) and server fault injection (--delay-replies, --slow-server, --fault-seed)
-CLUSTER_KEYS = {"speeds", "speed_jitter", "speed_seed", "delay_replies", "slow_server", "fault_seed"}
+#: or emulated devices: ``device`` (launch.py's --device), ``device_model``, ``device_batch``,
+#: ``patterns`` (a list of --straggler-pattern specs)
+CLUSTER_KEYS = {"speeds", "speed_jitter", "speed_seed", "delay_replies", "slow_server", "fault_seed",
+                "device", "device_model", "device_batch", "patterns"}
 PARADIGM_KEYS = {"name", "kvstore", "params", "backend"}
 NATIVE_TYPES = {"dist_sync", "dist_async", "dist_sync_device", "dist_async_device"}
 
@@ -70,10 +74,29 @@ class Experiment:
         """launch.py options of a cluster besides the speeds: jitter, fault injection, environment."""
         opts = []
         for key, value in sorted(self.cluster_options.get(cluster, {}).items()):
-            opts += [f"--{key.replace('_', '-')}", str(value)]
+            if key == "patterns":
+                for spec in value:
+                    opts += ["--straggler-pattern", str(spec)]
+            else:
+                opts += [f"--{key.replace('_', '-')}", str(value)]
         for name, value in sorted(self.env.items()):
             opts += ["--env", f"{name}:{value}"]
         return opts
+
+    def uses_devices(self, cluster: str) -> bool:
+        """Whether a cluster emulates devices (``--device``) rather than worker speeds."""
+        return "device" in self.cluster_options.get(cluster, {})
+
+    def device_clocks(self, cluster: str):
+        """Each worker's :class:`~kvstore_ext.devices.DeviceClock`, as the cluster's workers build
+        them (profiles timed at the training script's batch size unless the cluster names one),
+        for the simulator's prediction of the same cluster."""
+        opts = self.cluster_options[cluster]
+        batch = opts.get("device_batch", self.args.get("batch-size", 128))
+        return DeviceClock.for_cluster(str(opts["device"]), [str(p) for p in
+                                                             opts.get("patterns", [])],
+                                       self.workers, opts.get("device_model"), int(batch),
+                                       int(opts.get("speed_seed", 0)))
 
     def runs(self, trials: int | None = None):
         """``(trial, cluster, paradigm)`` in interleaved order, so machine drift hits all alike."""
@@ -130,8 +153,13 @@ def load_experiment(path: str) -> Experiment:
     for name, speeds in clusters_raw.items():
         if isinstance(speeds, dict):
             cluster_options[str(name)] = _cluster_options(speeds, f"{where}: clusters.{name}",
-                                                          servers)
-            speeds = speeds.get("speeds", 1.0)
+                                                          servers, workers)
+            if "device" in speeds:   # relative speeds of the devices, for labels and plots
+                times = parse_devices(str(speeds["device"]), workers, speeds.get("device_model"),
+                                      int(speeds.get("device_batch", 128)))
+                speeds = [round(min(times) / t, 3) for t in times]
+            else:
+                speeds = speeds.get("speeds", 1.0)
         text = ",".join(str(s) for s in speeds) if isinstance(speeds, list) else str(speeds)
         try:
             clusters[str(name)] = parse_speeds(text, workers)
@@ -188,13 +216,27 @@ def load_experiment(path: str) -> Experiment:
                       cluster_options=cluster_options, env={k: str(v) for k, v in env.items()})
 
 
-def _cluster_options(entry: dict, at: str, servers: int) -> dict:
-    """A cluster's speed jitter and fault injection, checked as launch.py would check them."""
+def _cluster_options(entry: dict, at: str, servers: int, workers: int) -> dict:
+    """A cluster's speed jitter, devices and fault injection, checked as launch.py checks them."""
     from .ps.faults import parse_delay_replies, parse_slow_server
     unknown = sorted(set(entry) - CLUSTER_KEYS)
     if unknown:
         raise ConfigError(f"{at}: unknown key {unknown[0]!r} (known: {', '.join(sorted(CLUSTER_KEYS))})")
     out = {k: v for k, v in entry.items() if k != "speeds"}
+    device_keys = sorted(set(out) & {"device_model", "device_batch", "patterns"})
+    if device_keys and "device" not in out:
+        raise ConfigError(f"{at}: {device_keys[0]} needs device (the emulated devices)")
+    if "device" in out:
+        if "speeds" in entry or "speed_jitter" in entry:
+            raise ConfigError(f"{at}: give device (emulated devices) or speeds, not both")
+        patterns = out.get("patterns", [])
+        _need(isinstance(patterns, list), at, f"patterns must be a list, got {patterns!r}")
+        try:
+            DeviceClock.for_cluster(str(out["device"]), [str(p) for p in patterns], workers,
+                                    out.get("device_model"), int(out.get("device_batch", 128)),
+                                    int(out.get("speed_seed", 0)))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{at}: {exc}") from None
     try:
         if "delay_replies" in out:
             parse_delay_replies(str(out["delay_replies"]))

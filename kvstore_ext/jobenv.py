@@ -29,7 +29,11 @@ METRICS_DIR = "KVX_METRICS_DIR"
 BIGARRAY_BOUND = "KVX_BIGARRAY_BOUND"
 WORKER_SPEED = "KVX_WORKER_SPEED"     # straggler emulation: speed of each worker, "1.0,0.43"
 SPEED_JITTER = "KVX_SPEED_JITTER"
-SPEED_SEED = "KVX_SPEED_SEED"
+SPEED_SEED = "KVX_SPEED_SEED"        # seed of the jitter and of the device patterns
+DEVICE = "KVX_DEVICE"                # emulated devices: "gtx1080ti,gtx1060" or "150ms" (devices.py)
+DEVICE_MODEL = "KVX_DEVICE_MODEL"    # the model a device profile is timed on
+DEVICE_BATCH = "KVX_DEVICE_BATCH"    # its batch size (default: the training script's)
+STRAGGLER_PATTERNS = "KVX_STRAGGLER_PATTERNS"   # ";"-joined devices.parse_pattern specs
 
 #: what makes a process a node of one particular job (never inherited by a new job)
 IDENTITY_VARIABLES = (ROLE, SCHEDULER_HOST, SCHEDULER_PORT, NUM_WORKER, NUM_SERVER, SECRET,

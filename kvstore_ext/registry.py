@@ -215,7 +215,11 @@ def _dssp_params(params: dict) -> dict:
     if upper < lower:
         raise ValueError(f"staleness_upper must be >= staleness_lower, got "
                          f"staleness_lower={lower}, staleness_upper={upper}")
-    return {"staleness_lower": lower, "staleness_upper": upper}
+    rule = params.get("rule", "bounded")
+    if rule not in DSSPPolicy.RULES:
+        raise ValueError(f"rule must be 'bounded' (no OK above staleness_upper, the default) or "
+                         f"'published' (the paper's Algorithm 1 as written), got {rule!r}")
+    return {"staleness_lower": lower, "staleness_upper": upper, "rule": rule}
 
 
 register(StoreType(
@@ -231,11 +235,15 @@ register(StoreType(
     examples=(("SSP s=3", {"staleness": 3}), ("SSP s=15", {"staleness": 15}))))
 register(StoreType(
     "dist_dssp", "Dynamic stale synchronous parallel: a per-worker bound in "
-    "[staleness_lower, staleness_upper].", params=("staleness_lower", "staleness_upper"),
+    "[staleness_lower, staleness_upper]; rule='published' runs the paper's Algorithm 1 as "
+    "written.", params=("staleness_lower", "staleness_upper", "rule"),
     check=_dssp_params, asynchronous=True,
     policy=lambda workers, params, record: DSSPPolicy(
-        workers, params["staleness_lower"], params["staleness_upper"], record=record),
-    examples=(("DSSP 3..15", {"staleness_lower": 3, "staleness_upper": 15}),)))
+        workers, params["staleness_lower"], params["staleness_upper"], record=record,
+        rule=params.get("rule", "bounded")),
+    examples=(("DSSP 3..15", {"staleness_lower": 3, "staleness_upper": 15}),
+              ("DSSP 3..15 pub", {"staleness_lower": 3, "staleness_upper": 15,
+                                  "rule": "published"}))))
 register(StoreType(
     "dist_psp", "Partial push and partial pull (PSP-SGD).",
     params=("min_pushes", "min_pull_fraction", "push_timeout", "pull_timeout"),

@@ -4,7 +4,8 @@
     python scripts/reproduce.py configs/dssp_mnist.yaml            # make reproduce
     python scripts/reproduce.py configs/dssp_mnist.yaml --dry-run  # print the commands
 
-Each run is a local job through launch.py (with the cluster's worker speeds);
+Each run is a local job through launch.py (with the cluster's worker speeds or emulated
+devices; for the latter the table puts the simulator's iterations beside the measured ones);
 runs are interleaved trial by trial so that drift of the machine hits every
 paradigm alike. Writes into --out (default results/<name>): runs.json (every
 run, with worker 0's accuracy curve), results.csv/.md (per cluster and
@@ -21,6 +22,7 @@ import glob
 import json
 import os
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -34,6 +36,7 @@ from tqdm import tqdm  # noqa: E402
 from kvstore_ext.experiments import ConfigError, load_experiment, summarise  # noqa: E402
 from kvstore_ext.launch import run_local_job  # noqa: E402
 from kvstore_ext.reports import write_results  # noqa: E402
+from gluon_trainers.straggler import read_device_logs, round_overhead, warm_up  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -60,11 +63,44 @@ def job_command(exp, paradigm, cluster, workdir, quick):
     """The launch.py options and the worker command of one run."""
     script = os.path.normpath(os.path.join(ROOT, exp.script))
     speeds = exp.clusters[cluster]
-    options = [*paradigm.launch_options(), "--worker-speed", ",".join(map(str, speeds)),
+    emulation = [] if exp.uses_devices(cluster) else ["--worker-speed", ",".join(map(str, speeds))]
+    options = [*paradigm.launch_options(), *emulation,
                *exp.launch_options(cluster), "--metrics-dir", os.path.join(workdir, "metrics")]
     command = [sys.executable, script, "--kvstore", paradigm.kvstore, *exp.script_args(quick),
                "--out", os.path.join(workdir, "worker-{rank}.json")]
     return options, command
+
+
+SIMULATED_AS = {"dist_sync": "dist_bsp", "dist_async": "dist_asp"}
+
+
+def predict(runs, rows, exp) -> None:
+    """For clusters of emulated devices: the simulator's iterations per worker for each
+    paradigm's median trial, beside the measured ones.  The simulator gets the workers' own
+    device clocks and, per worker let go together, the cluster's BSP round overhead; its
+    time is the run's training time less the first iteration's warm-up."""
+    from kvstore_ext import registry
+    from kvstore_ext.simulate import simulate
+    for row in rows:
+        cluster = row["cluster"]
+        if not exp.uses_devices(cluster):
+            continue
+        run = next(r for r in runs if r["cluster"] == cluster and r["paradigm"] == row["paradigm"]
+                   and r["trial"] == row["median_trial"])
+        store = SIMULATED_AS.get(run["kvstore"], run["kvstore"])
+        simulated = store in registry.STORE_TYPES and (registry.lookup(store).policy or
+                                                       registry.lookup(store).block_policy)
+        overheads = [r["round_overhead_s"] for r in runs if r["cluster"] == cluster and
+                     r.get("round_overhead_s") is not None]
+        if not simulated or not overheads:
+            continue
+        latency = statistics.median(overheads)
+        horizon = run["train_time_s"] - (run.get("warm_up_s") or 0.0) + latency
+        result = simulate(store, run["params"] if store == run["kvstore"] else {}, None,
+                          horizon, clocks=exp.device_clocks(cluster),
+                          release_latency=latency / exp.workers)
+        row["simulated_iterations"] = [result.iterations[w] for w in sorted(result.iterations)]
+        row["simulated_max_lead"] = result.max_lead_at_ok
 
 
 def read_json(path):
@@ -83,6 +119,10 @@ def collect(workdir, exp, trial, cluster, paradigm, seconds) -> dict:
         delayed += server.get("faults", {}).get("replies_delayed", 0)
         if "dssp" in server and dssp is None:
             dssp = server["dssp"]
+    devices = [w.get("straggler", {}) for w in workers]
+    logs = read_device_logs(os.path.join(workdir, "metrics"), exp.workers) \
+        if exp.uses_devices(cluster) else None
+    synchronous = paradigm.kvstore in ("dist_bsp", "dist_sync")
     waits = [w.get("kvstore_stats", {}).get("worker", {}).get("wait_share") for w in workers]
     waits = [x for x in waits if x is not None]
     return {"trial": trial, "cluster": cluster, "paradigm": paradigm.name,
@@ -95,7 +135,11 @@ def collect(workdir, exp, trial, cluster, paradigm, seconds) -> dict:
             "train_start_wall": w0.get("train_start_wall"),
             "iterations": [w["steps"] for w in workers],
             "wait_share": sum(waits) / len(waits) if waits else None,
-            "curve": w0["accuracy_curve"], "dssp": dssp}
+            "curve": w0["accuracy_curve"], "dssp": dssp,
+            "max_lead": dssp.get("max_lead_at_ok") if dssp else None,
+            "host_share": [d.get("host_share") for d in devices],
+            "round_overhead_s": round_overhead(logs) if logs and synchronous else None,
+            "warm_up_s": warm_up(logs) if logs else None}
 
 
 def plot_accuracy(runs, rows, cluster, path, title, x="time_s", error=False):
@@ -181,6 +225,9 @@ def table_columns(exp):
               f"reached_{exp.targets[-1]}" if exp.targets else "trials", "{}"),
              ("iterations per worker", "iterations_text", "{}"),
              ("training time (s)", "train_time_s", "{:.1f}")]
+    if any(exp.uses_devices(c) for c in exp.clusters):
+        cols += [("simulated iterations", "simulated_text", "{}"),
+                 ("max lead", "max_lead", "{}"), ("simulated max lead", "simulated_max_lead", "{}")]
     if any(p.kvstore == "dist_psp" for p in exp.paradigms):   # the PSP-SGD paper's Table 1
         cols += [("running time (s, mean)", "running_time_s", "{:.1f}"),
                  ("vs " + exp.paradigms[0].name, "running_vs_first", "{:.2f}x"),
@@ -197,6 +244,7 @@ def decorate(rows, exp):
             row[f"vs_bsp_{t}"] = f"{ratio:.2f}x" if ratio is not None else "-"
             row[f"time_to_{t}"] = round(mine, 1) if mine is not None else "not reached"
         row["iterations_text"] = "/".join(str(i) for i in row["iterations"] or [])
+        row["simulated_text"] = "/".join(str(i) for i in row.get("simulated_iterations") or [])
     return rows
 
 
@@ -255,7 +303,13 @@ def main(argv=None) -> int:
                    f"{last['final_accuracy']:.4f}, training {last['train_time_s']:.1f} s, "
                    f"iterations {last['iterations']}")
 
-    rows = decorate(summarise(runs, exp.targets), exp)
+    rows = summarise(runs, exp.targets)
+    for row in rows:   # the median trial's largest lead at an OK (DSSP's log)
+        median = next(r for r in runs if r["cluster"] == row["cluster"] and
+                      r["paradigm"] == row["paradigm"] and r["trial"] == row["median_trial"])
+        row["max_lead"] = median.get("max_lead")
+    predict(runs, rows, exp)
+    rows = decorate(rows, exp)
     table = write_results(out, "results", rows, table_columns(exp))
     figures = []
     for cluster in clusters:

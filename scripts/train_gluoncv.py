@@ -49,7 +49,7 @@ from gluon_trainers.schedules import (  # noqa: E402
     WarmupLinearDecay,
     no_weight_decay_on_bn_and_bias,
 )
-from gluon_trainers.straggler import Straggler  # noqa: E402
+from gluon_trainers import straggler as emulation  # noqa: E402
 from kvstore_ext.registry import STORE_TYPES, is_horovod  # noqa: E402
 
 DATASETS = ("cifar10", "cifar100", "imagenet", "mnist", "synthetic")
@@ -428,7 +428,7 @@ def train(args) -> int:
     if ckpt and ckpt["states"]:
         trainer.load_states(ckpt["states"])
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    straggler = Straggler.from_env(rank, num_workers)
+    straggler = emulation.from_env(rank, num_workers, args.batch_size)
 
     total_steps = args.epochs * steps_per_epoch
     if args.num_iterations:

@@ -28,7 +28,7 @@ import gluon_trainers  # noqa: E402
 from gluon_trainers.data import load_mnist, shard  # noqa: E402
 from gluon_trainers.models import MODELS  # noqa: E402
 from gluon_trainers.evaluation import evaluate, finish_run  # noqa: E402
-from gluon_trainers.straggler import Straggler  # noqa: E402
+from gluon_trainers import straggler as emulation  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     total_steps = int(round(args.epochs * steps_per_epoch))
     if args.max_steps:
         total_steps = min(total_steps, args.max_steps)
-    straggler = Straggler.from_env(rank, num_workers)
+    straggler = emulation.from_env(rank, num_workers, args.batch_size)
     gluon_trainers.start_together(kv)
     step, t_start, t_counted = 0, time.perf_counter(), None
     losses = []

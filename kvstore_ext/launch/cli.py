@@ -11,7 +11,7 @@ import shlex
 import subprocess
 import sys
 
-from .. import jobenv
+from .. import devices, jobenv
 from .ps_job import Job
 
 
@@ -89,17 +89,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-frames", type=int, default=4096,
                    help="the most frames one message may have: about the most arrays of 64 KB "
                         "or more that one call sends to one server (default 4096)")
+    p.add_argument("--device", type=str, metavar="D0,D1,...",
+                   help="emulated devices: each worker's iteration lasts max(host compute, device "
+                        "time), whatever the host's load. A device is a GPU name timed on "
+                        "--device-model (gtx1080ti, gtx1080, gtx1060, p100, v100, k80) or a time "
+                        "such as 150ms; NAME*k gives k workers that device; one value applies to "
+                        "all. E.g. gtx1080ti,gtx1060 (the DSSP paper's pair) or 200ms*8. "
+                        "Per-iteration times go to --metrics-dir (gluon_trainers.EmulatedDevice)")
+    p.add_argument("--device-model", type=str, metavar="MODEL",
+                   help="the model device profiles are timed on (its forward multiply-adds x 6 x "
+                        "batch / (peak FP32 x 0.3)): " + ", ".join(sorted(devices.MODELS)) +
+                        "; the host may train another, smaller model")
+    p.add_argument("--device-batch", type=int, metavar="N",
+                   help="batch size device profiles are timed at (default: the training "
+                        "script's own)")
+    p.add_argument("--straggler-pattern", action="append", default=[], metavar="SPEC",
+                   help="time-varying device slow-downs, reproducible by --speed-seed "
+                        "(repeatable; needs --device): " + devices.PATTERN_HELP)
     p.add_argument("--worker-speed", type=str, metavar="V0,V1,...",
-                   help="straggler emulation: the speed of each worker in (0, 1], e.g. 1.0,0.43 "
-                        "(a GTX 1080 Ti and a GTX 1060); a worker of speed v sleeps so that each "
-                        "iteration takes 1/v of its measured compute time. One value applies to "
-                        "all. The training script applies it (gluon_trainers.Straggler)")
+                   help="straggler emulation on real, uncontended devices: the speed of each "
+                        "worker in (0, 1], e.g. 1.0,0.43; a worker of speed v sleeps so that each "
+                        "iteration takes 1/v of its measured compute time. On a shared host the "
+                        "measured time includes the other workers' load: use --device there. One "
+                        "value applies to all (gluon_trainers.Straggler)")
     p.add_argument("--speed-jitter", type=float, default=0.0,
-                   help="straggler emulation: each iteration's length is multiplied by a uniform "
+                   help="with --worker-speed: each iteration's length is multiplied by a uniform "
                         "factor in [1 - J, 1 + J], but never falls below the real compute time "
                         "(default 0)")
     p.add_argument("--speed-seed", type=int, default=0,
-                   help="seed of the jitter, so runs are reproducible (default 0)")
+                   help="seed of the jitter and the straggler patterns, so runs are "
+                        "reproducible (default 0)")
     p.add_argument("--delay-replies", type=str, metavar="FRACTION:SECONDS",
                    help="fault injection: each server holds back this fraction of its replies "
                         "that carry weights by this many seconds, e.g. 0.0016:4 (the PSP-SGD "

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from .. import jobenv, stragglers
+from .. import devices, jobenv, stragglers
 
 
 def parse_env_pairs(items) -> dict:
@@ -51,7 +51,30 @@ def worker_command(args, local: bool) -> list[str]:
 
 
 def straggler_env(args) -> dict:
-    """``--worker-speed``, ``--speed-jitter``, ``--speed-seed`` as the workers' variables."""
+    """``--device`` (with its model, batch and patterns) or ``--worker-speed`` (with its jitter),
+    and ``--speed-seed``, as the workers' variables; every value checked here, named if bad."""
+    device = getattr(args, "device", None)
+    patterns = getattr(args, "straggler_pattern", None) or []
+    if device:
+        if args.worker_speed:
+            raise SystemExit("launch.py: --device and --worker-speed are two emulations of slow "
+                             "devices; give one")
+        try:
+            devices.DeviceClock.for_cluster(device, patterns, args.num_workers,
+                                            args.device_model, args.device_batch or 128,
+                                            args.speed_seed)
+        except ValueError as exc:
+            raise SystemExit(f"launch.py: --device/--straggler-pattern: {exc}") from None
+        env = {jobenv.DEVICE: device, jobenv.SPEED_SEED: str(args.speed_seed),
+               jobenv.STRAGGLER_PATTERNS: ";".join(patterns)}
+        if args.device_model:
+            env[jobenv.DEVICE_MODEL] = args.device_model
+        if args.device_batch:
+            env[jobenv.DEVICE_BATCH] = str(args.device_batch)
+        return env
+    if patterns:
+        raise SystemExit("launch.py: --straggler-pattern needs --device (the device time it "
+                         "slows down)")
     if not args.worker_speed:
         return {}
     try:

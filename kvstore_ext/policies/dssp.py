@@ -5,8 +5,12 @@ extra iterations ``r*`` to run before it waits: the one whose predicted push
 time lands closest to a predicted push of the slowest worker, so that the
 wait, when it comes, is short.  The extension is a lead bound
 ``e[p] = s_L + r*`` capped at ``s_U`` and dropped once the worker is back within
-``s_L``, so no worker ever gets OK at a lead above ``s_U`` (the paper's
-Algorithm 1, read literally, can re-extend the fastest worker without end).
+``s_L``, so no worker ever gets OK at a lead above ``s_U``.
+
+``rule="published"`` runs Algorithm 1 as the paper writes it instead: r* is a count of
+extra OKs (``r_p``), spent one per push whatever the lead, and a fastest worker that has
+spent them asks the controller again, so its lead can pass ``s_U`` (by up to r_max + 1
+per controller call).  The largest lead at an OK is reported either way.
 """
 from __future__ import annotations
 
@@ -65,9 +69,16 @@ class DSSPPolicy(BoundedLeadPolicy):
 
     name = "dist_dssp"
 
+    RULES = ("bounded", "published")
+
     def __init__(self, workers, staleness_lower: int, staleness_upper: int,
-                 record: bool = False):
+                 record: bool = False, rule: str = "bounded"):
         super().__init__(workers)
+        if rule not in self.RULES:
+            raise ValueError(f"DSSP rule must be one of {', '.join(self.RULES)}, got {rule!r}")
+        self.rule = rule
+        self.extra_oks: dict[int, int] = {}   # published rule: r_p, extra OKs left
+        self.max_lead_at_ok = 0
         self.lower = check_staleness("staleness_lower", staleness_lower)
         self.upper = check_staleness("staleness_upper", staleness_upper)
         if self.upper < self.lower:
@@ -93,16 +104,46 @@ class DSSPPolicy(BoundedLeadPolicy):
         clock = self.clocks.tick(worker)
         self.push_times[worker] = (now, self.push_times[worker][0])
         decision = Decision(apply=True)
-        self._on_min_raised(now)
         lead = self.clocks.lead(worker)
-        if lead > self.bound(worker) and clock == self.clocks.max:
-            self._call_controller(worker, lead, now)
-        if lead <= self.bound(worker):
-            decision.released.append((worker, lead))
+        if self.rule == "published":
+            self._published_rule(worker, clock, lead, now, decision)
         else:
-            self.room.add(worker, clock - self.bound(worker))
+            self._on_min_raised(now)
+            if lead > self.bound(worker) and clock == self.clocks.max:
+                self._call_controller(worker, lead, now)
+            if lead <= self.bound(worker):
+                decision.released.append((worker, lead))
+            else:
+                self.room.add(worker, clock - self.bound(worker))
         self._release_ready(decision)
+        for _, at in decision.released:
+            self.max_lead_at_ok = max(self.max_lead_at_ok, at)
         return decision
+
+    def _published_rule(self, worker: int, clock: int, lead: int, now: float,
+                        decision: Decision) -> None:
+        """Algorithm 1's server part, lines 3-17: spend an extra OK, or OK within s_L, or (the
+        fastest only) ask the controller for r_p extra OKs; else wait until within s_L."""
+        if self.extra_oks.get(worker, 0) > 0:
+            self.extra_oks[worker] -= 1
+            decision.released.append((worker, lead))
+            return
+        if lead <= self.lower:
+            decision.released.append((worker, lead))
+            return
+        if clock == self.clocks.max:
+            slow = self.clocks.slowest()
+            extra = dssp_extra_iterations(*self.push_times[worker], *self.push_times[slow],
+                                          self.upper - self.lower)
+            self.extra_oks[worker] = extra
+            self.controller_calls += 1
+            if self.record:
+                self.calls.append(ControllerCall(now, worker, lead, extra, lead + extra,
+                                                 extra > 0))
+            if extra > 0:
+                decision.released.append((worker, lead))
+                return
+        self.room.add(worker, clock - self.lower)
 
     def _call_controller(self, worker: int, lead: int, now: float) -> None:
         slow = self.clocks.slowest()
@@ -139,13 +180,14 @@ class DSSPPolicy(BoundedLeadPolicy):
 
     def _forget(self, worker: int) -> None:
         self.extension.pop(worker, None)
+        self.extra_oks.pop(worker, None)
         self.push_times.pop(worker, None)
 
     def report(self, wall_offset: float = 0.0) -> dict:
         """The controller's decisions and the bound changes (recorded ones, with ``record``)."""
         return {"dssp": {
-            "staleness_lower": self.lower, "staleness_upper": self.upper,
-            "controller_calls": self.controller_calls,
+            "staleness_lower": self.lower, "staleness_upper": self.upper, "rule": self.rule,
+            "controller_calls": self.controller_calls, "max_lead_at_ok": self.max_lead_at_ok,
             "calls": [{"time": c.time + wall_offset, "worker": c.worker, "lead": c.lead,
                        "extra": c.extra, "bound": c.bound, "ok": c.ok} for c in self.calls],
             "bound_changes": [{"time": t + wall_offset, "worker": w, "bound": b}

@@ -202,7 +202,8 @@ def test_bad_dssp_parameters_name_the_value(params, match):
 
 
 def test_dssp_defaults_are_the_papers_range():
-    assert StoreConfig.build("dist_dssp").params == {"staleness_lower": 3, "staleness_upper": 15}
+    assert StoreConfig.build("dist_dssp").params == {"staleness_lower": 3, "staleness_upper": 15,
+                                                     "rule": "bounded"}
 
 
 def test_dssp_with_equal_bounds_is_ssp():

@@ -11,15 +11,16 @@ HOROVOD_ENV := HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT
 PYTEST_ARGS ?=
 
 .PHONY: setup test test-fast demo bench bench-kvstore bench-train bench-dssp-policy bench-dcs3gd reproduce \
-        reproduce-dssp reproduce-psp clean help
+        reproduce-dssp reproduce-psp reproduce-8workers clean help
 
 help:
-	@echo "make demo    - set up (first time) and compare BSP, ASP, SSP and DSSP on a mixed-speed pair"
+	@echo "make demo    - set up (first time) and compare BSP, ASP, SSP and DSSP on an emulated GTX 1080 Ti + GTX 1060"
 	@echo "make test    - set up (first time) and run the test suite"
 	@echo "make test-fast - only the unit tests (no jobs; about a minute)"
 	@echo "make bench   - kvstore round rates and end-to-end training speed vs MXNet's own stores"
-	@echo "make reproduce - the DSSP and PSP-SGD papers' experiments at this machine's scale (about 75 minutes;"
-	@echo "                 make reproduce-dssp or make reproduce-psp for one of them)"
+	@echo "make reproduce - the DSSP and PSP-SGD papers' experiments at this machine's scale, on emulated"
+	@echo "                 devices (about 2 hours; make reproduce-dssp, reproduce-8workers or"
+	@echo "                 reproduce-psp for one of them)"
 	@echo "make setup   - only create .venv with pinned dependencies and horovod"
 
 $(STAMP): requirements.txt setup.cfg pyproject.toml
@@ -65,13 +66,16 @@ bench-dcs3gd: setup
 	$(PY) scripts/bench_dcs3gd.py --trials 3 --out results/bench
 	$(PY) scripts/bench_dcs3gd.py --trials 3 --device-s 0.1 --batch-size 16 --out results/bench/device
 
-reproduce: reproduce-dssp reproduce-psp
+reproduce: reproduce-dssp reproduce-8workers reproduce-psp
 
 reproduce-dssp: setup
 	$(PY) scripts/reproduce.py configs/dssp_mnist.yaml
 
 reproduce-psp: setup
 	$(PY) scripts/reproduce.py configs/psp_mnist.yaml
+
+reproduce-8workers: setup
+	$(PY) scripts/reproduce.py configs/ssp_8workers_transient.yaml
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

@@ -35,6 +35,7 @@ from tqdm import tqdm  # noqa: E402
 
 from kvstore_ext.experiments import ConfigError, load_experiment, summarise  # noqa: E402
 from kvstore_ext.launch import run_local_job  # noqa: E402
+from kvstore_ext.policies.psp import resolve_min_pushes  # noqa: E402
 from kvstore_ext.reports import write_results  # noqa: E402
 from gluon_trainers.straggler import read_device_logs, round_overhead, warm_up  # noqa: E402
 
@@ -83,7 +84,8 @@ def predict(runs, rows, exp) -> None:
     from kvstore_ext.simulate import simulate
     for row in rows:
         cluster = row["cluster"]
-        if not exp.uses_devices(cluster):
+        faults = {"delay_replies", "slow_server"} & set(exp.cluster_options.get(cluster, {}))
+        if not exp.uses_devices(cluster) or faults:   # the simulator has no servers to slow
             continue
         run = next(r for r in runs if r["cluster"] == cluster and r["paradigm"] == row["paradigm"]
                    and r["trial"] == row["median_trial"])
@@ -122,7 +124,9 @@ def collect(workdir, exp, trial, cluster, paradigm, seconds) -> dict:
     devices = [w.get("straggler", {}) for w in workers]
     logs = read_device_logs(os.path.join(workdir, "metrics"), exp.workers) \
         if exp.uses_devices(cluster) else None
-    synchronous = paradigm.kvstore in ("dist_bsp", "dist_sync")
+    synchronous = paradigm.kvstore in ("dist_bsp", "dist_sync") or (
+        paradigm.kvstore == "dist_psp" and paradigm.params.get("min_pull_fraction", 1.0) == 1.0
+        and resolve_min_pushes(paradigm.params.get("min_pushes", 1.0), exp.workers) == exp.workers)
     waits = [w.get("kvstore_stats", {}).get("worker", {}).get("wait_share") for w in workers]
     waits = [x for x in waits if x is not None]
     return {"trial": trial, "cluster": cluster, "paradigm": paradigm.name,

@@ -68,6 +68,8 @@ class Job:
                         "DMLC_NUM_SERVER": str(self.num_servers)})
             if self.launcher == "local":
                 env["DMLC_NODE_HOST"] = "127.0.0.1"
+            if a.metrics_dir:   # the training script's own logs (emulated devices)
+                env[jobenv.METRICS_DIR] = os.path.abspath(a.metrics_dir)
             return env
         env.update({jobenv.ROLE: role, jobenv.SCHEDULER_HOST: self.sched_host,
                     jobenv.NUM_WORKER: str(a.num_workers), jobenv.NUM_SERVER: str(self.num_servers),

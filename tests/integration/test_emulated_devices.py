@@ -3,10 +3,13 @@ predicts for the same cluster, so what the experiments measure is the synchronis
 model, not the host's contention."""
 import os
 import statistics
+import sys
 
+import pytest
 from conftest import ROOT, read_json
 
 from gluon_trainers.straggler import read_device_logs, round_overhead, warm_up
+from kvstore_ext import devices
 from kvstore_ext.devices import DeviceClock
 from kvstore_ext.simulate import simulate
 
@@ -70,3 +73,36 @@ def test_eight_emulated_workers_do_what_the_simulator_predicts(run_job, tmp_path
     # the stragglers cost BSP most of its rounds, and bounded staleness wins some back
     assert measured["BSP"] <= 0.7 * clean_iterations, (measured, clean_iterations)
     assert measured["SSP s=1"] >= 1.2 * measured["BSP"], measured
+
+
+@pytest.mark.parametrize("kvstore,options", [
+    ("dist_sync", ["--backend", "mxnet"]),        # MXNet's own store
+    ("dist_ssgd", ["--launcher", "horovod"])],    # Horovod's allreduce
+    ids=["mxnet-dist_sync", "horovod-dist_ssgd"])
+def test_devices_are_emulated_for_every_store(jobs, tmp_path, kvstore, options):
+    """The emulation wraps the training loop, not the store: MXNet's and Horovod's stores get
+    the same device clock, logs and host share (GTX 1080 Ti and 1060, ResNet-110, batch 128)."""
+    out = tmp_path / "run"
+    argv = [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), "-n", "2", "-s", "1",
+            "--launcher", "local", "--device", "gtx1080ti,gtx1060",
+            "--device-model", "cifar_resnet110_v1", "--device-batch", "128",
+            "--straggler-pattern", "jitter:0.2",
+            "--metrics-dir", str(out / "metrics"), *options, sys.executable, TRAIN,
+            "--kvstore", kvstore, "--max-steps", "12", "--batch-size", "32",
+            "--out", str(out / "worker-{rank}.json")]
+    job = jobs(argv, env={"OMP_NUM_THREADS": "1"})
+    code = job.wait(180)
+    assert code == 0, job.output[-3000:]
+    logs = read_device_logs(str(out / "metrics"), 2)
+    for rank, base in enumerate(
+            devices.parse_devices("gtx1080ti,gtx1060", 2, "cifar_resnet110_v1", 128)):
+        result = read_json(str(out / f"worker-{rank}.json"))
+        assert result["steps"] == len(logs[rank]) == 12
+        assert result["straggler"]["host_share"] < 1
+        assert result["straggler"]["device_s"] == pytest.approx(base)
+        clock = DeviceClock.from_specs("gtx1080ti,gtx1060", ["jitter:0.2"], rank, 2,
+                                       "cifar_resnet110_v1", 128)
+        for row in logs[rank]:
+            assert row["device_s"] == pytest.approx(clock.next_time(row["start_s"]))
+            # each iteration lasted at least its device time: host work, then the sleep
+            assert row["host_s"] + row["slept_s"] >= row["device_s"] - 1e-6

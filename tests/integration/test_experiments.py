@@ -24,7 +24,7 @@ def test_every_config_loads_and_dry_runs(path):
     assert proc.returncode == 0, proc.stderr
     commands = [line for line in proc.stdout.splitlines() if not line.startswith("#")]
     assert len(commands) == exp.trials * len(exp.clusters) * len(exp.paradigms)
-    assert all("launch.py" in c and "--worker-speed" in c for c in commands)
+    assert all("launch.py" in c and ("--worker-speed" in c or "--device" in c) for c in commands)
 
 
 def write(tmp_path, text):
@@ -94,6 +94,30 @@ def test_cluster_speed_jitter_becomes_launch_options(tmp_path):
             load_experiment(write(tmp_path, broken))
 
 
+def test_cluster_of_emulated_devices_becomes_launch_options(tmp_path):
+    text = GOOD.replace("[1.0, 0.43]", "{device: 'gtx1080ti,gtx1060', device_model: "
+                                       "cifar_resnet110_v1, device_batch: 128, patterns: "
+                                       "['jitter:0.1', 'rotate:2:30'], speed_seed: 2}")
+    exp = load_experiment(write(tmp_path, text))
+    assert exp.uses_devices("mixed")
+    assert exp.clusters["mixed"][0] == 1.0 and 0.38 < exp.clusters["mixed"][1] < 0.39
+    assert exp.launch_options("mixed") == [
+        "--device", "gtx1080ti,gtx1060", "--device-batch", "128",
+        "--device-model", "cifar_resnet110_v1",
+        "--straggler-pattern", "jitter:0.1", "--straggler-pattern", "rotate:2:30",
+        "--speed-seed", "2"]
+    clocks = exp.device_clocks("mixed")
+    assert [len(c.patterns) for c in clocks] == [2, 2]
+    assert clocks[1].base > clocks[0].base
+    for bad, match in [("{device: titan}", "clusters.mixed: unknown device 'titan'"),
+                       ("{device: 10ms, patterns: ['often:1']}", "unknown straggler pattern"),
+                       ("{device: 10ms, speeds: [1.0, 1.0]}", "device .* or speeds, not both"),
+                       ("{speeds: [1.0, 1.0], patterns: ['jitter:0.1']}", "patterns needs device"),
+                       ("{device: gtx1060}", "needs a model to time")]:
+        with pytest.raises(ConfigError, match=match):
+            load_experiment(write(tmp_path, GOOD.replace("[1.0, 0.43]", bad)))
+
+
 def test_bad_config_fails_the_script_cleanly(tmp_path):
     path = write(tmp_path, GOOD.replace("targets: [0.9]", "targets: [0.9]\nepochz: 3"))
     proc = subprocess.run([sys.executable, REPRODUCE, path, "--dry-run"], capture_output=True,
@@ -127,7 +151,8 @@ def test_ratios_to_bsp_where_bsp_or_the_other_falls_short():
 
 
 def test_demo_quick_runs_end_to_end_and_prints_its_table(tmp_path):
-    """make demo in its short form: four paradigms on the mixed pair, the table and both plots."""
+    """make demo in its short form: five paradigms on the emulated mixed pair, the table, both
+    plots, and the one-line takeaway; DSSP as published passes s_U, the bounded rule never."""
     out = str(tmp_path / "demo")
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "demo.py"), "--quick",
                            "--out", out], capture_output=True, text=True, timeout=600)
@@ -138,7 +163,8 @@ def test_demo_quick_runs_end_to_end_and_prints_its_table(tmp_path):
     # the printed table: one row per paradigm, with the accuracy and the iterations per worker
     rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines()
             if line.startswith("| mixed |")]
-    assert [r[1].strip() for r in rows] == ["BSP", "ASP", "SSP s=3", "DSSP 3..15"]
+    assert [r[1].strip() for r in rows] == ["BSP", "ASP", "SSP s=3", "DSSP 3..15",
+                                            "DSSP 3..15 published"]
     for r in rows:
         assert 0.1 <= float(r[2]) <= 1.0
     runs = read_json(os.path.join(out, "runs.json"))["runs"]
@@ -147,4 +173,8 @@ def test_demo_quick_runs_end_to_end_and_prints_its_table(tmp_path):
     assert abs(bsp["iterations"][0] - bsp["iterations"][1]) <= 1       # BSP: in lock step
     assert asp["iterations"][0] > 1.3 * asp["iterations"][1]           # ASP: the fast one runs on
     assert by_name["DSSP 3..15"]["dssp"]["controller_calls"] > 0
+    assert by_name["DSSP 3..15"]["max_lead"] <= 15 < by_name["DSSP 3..15 published"]["max_lead"]
     assert len(bsp["curve"]) >= 2
+    # emulated devices: the hosts kept up with them, and the takeaway is printed
+    assert all(share < 0.5 for r in runs for share in r["host_share"])
+    assert "Takeaway: " in proc.stdout or "No paradigm reached" in proc.stdout

@@ -47,3 +47,16 @@ def test_every_simulated_paradigm_comes_from_the_registry():
     assert stores == {"dist_bsp", "dist_asp", "dist_ssp", "dist_dssp", "dist_psp"}
     assert {label for label, (store, _) in paradigms(["dist_psp"]).items()} == {
         "PSP c=n", "PSP c=0.75n"}
+
+
+def test_device_clocks_and_latency_per_worker_released_together():
+    """A BSP round of n workers on 1 s devices lasts 1 + n*b; an ASP worker's 1 + b."""
+    from kvstore_ext.devices import DeviceClock
+    n, b = 4, 0.05
+    bsp = simulate("dist_bsp", {}, None, 100.0, clocks=DeviceClock.for_cluster("1000ms", [], n),
+                   release_latency=b)
+    asp = simulate("dist_asp", {}, None, 100.0, clocks=DeviceClock.for_cluster("1000ms", [], n),
+                   release_latency=b)
+    # the first iteration starts at 0 without a release
+    assert bsp.iterations[0] == 1 + int((100.0 - 1.0) / (1.0 + n * b))
+    assert asp.iterations[0] == 1 + int((100.0 - 1.0) / (1.0 + b))

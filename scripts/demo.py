@@ -62,8 +62,8 @@ def takeaway(config: str, out: str) -> str:
     versus = (f"{t / tb:.2f}x BSP's time ({t:.1f} s against {tb:.1f} s)" if tb is not None
               else f"{t:.1f} s, which BSP never reached")
     return (f"Takeaway: {best['paradigm']} reached {target} test accuracy in {versus}, doing "
-            f"{iterations:.2f}x BSP's iterations: the stragglers' slow iterations no longer hold "
-            f"every worker back. README.md has every setting, those where BSP wins included.")
+            f"{iterations:.2f}x BSP's iterations: the faster workers no longer wait for the slow "
+            f"ones at every step. README.md has every setting, those where BSP wins included.")
 
 
 if __name__ == "__main__":

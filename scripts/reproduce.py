@@ -317,7 +317,10 @@ def main(argv=None) -> int:
     table = write_results(out, "results", rows, table_columns(exp))
     figures = []
     for cluster in clusters:
-        title = f"{exp.name}: {cluster} cluster, speeds {exp.clusters[cluster]}"
+        opts = exp.cluster_options.get(cluster, {})
+        title = (f"{exp.name}: {cluster} cluster, devices {opts['device']}"
+                 if exp.uses_devices(cluster) else
+                 f"{exp.name}: {cluster} cluster, speeds {exp.clusters[cluster]}")
         path = os.path.join(out, f"accuracy_vs_time_{cluster}.png")
         plot_accuracy(runs, rows, cluster, path, title)
         figures.append(path)

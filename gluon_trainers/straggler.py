@@ -37,19 +37,51 @@ import time
 from kvstore_ext import devices, jobenv, stragglers
 
 
-class Straggler:
+class _LoopTimer:
+    """What both emulations do around the compute: wait for MXNet's pending work (the pulled
+    weights at ``begin``, the gradients at ``end``) and time what lies between."""
+
+    def __init__(self, sleep=time.sleep, wait_all=None, now=time.perf_counter):
+        self._sleep, self._wait_all, self._now = sleep, wait_all, now
+        self._started: float | None = None
+
+    def _sync(self) -> None:
+        if self._wait_all is None:
+            import mxnet as mx
+            self._wait_all = mx.nd.waitall
+        self._wait_all()
+
+    def _begin(self) -> float:
+        """Wait for the weights, start the clock; return the seconds waited."""
+        t = self._now()
+        self._sync()
+        self._started = self._now()
+        return self._started - t
+
+    def _end(self) -> tuple[float, float]:
+        """Wait for the gradients; return (when the compute started, its seconds)."""
+        if self._started is None:
+            raise RuntimeError(f"{type(self).__name__}.end() without begin()")
+        self._sync()
+        started, self._started = self._started, None
+        return started, self._now() - started
+
+    def write_log(self) -> str | None:
+        """Write the per-iteration log to the job's metrics folder (none here)."""
+        return None
+
+
+class Straggler(_LoopTimer):
     """Stretches each iteration of one worker to ``1/speed`` of its measured length."""
 
     def __init__(self, speed: float = 1.0, jitter: float = 0.0, seed: int = 0,
                  sleep=time.sleep, wait_all=None):
+        super().__init__(sleep, wait_all)
         self.speed = stragglers.parse_speeds(str(speed))[0]
         if not 0 <= jitter < 1:
             raise ValueError(f"speed jitter must be in [0, 1), got {jitter}")
         self.jitter = jitter
         self.rng = random.Random(seed)
-        self._sleep = sleep
-        self._wait_all = wait_all
-        self._started: float | None = None
         self.iterations = 0
         self.compute_time = 0.0   # measured between begin() and end()
         self.wait_time = 0.0      # spent in begin() waiting for the weights
@@ -73,26 +105,13 @@ class Straggler:
     def active(self) -> bool:
         return self.speed < 1.0
 
-    def _sync(self) -> None:
-        if self._wait_all is None:
-            import mxnet as mx
-            self._wait_all = mx.nd.waitall
-        self._wait_all()
-
     def begin(self) -> None:
         """Start of an iteration: wait for pending work (the pulled weights), then start the clock."""
-        t = time.perf_counter()
-        self._sync()
-        self._started = time.perf_counter()
-        self.wait_time += self._started - t
+        self.wait_time += self._begin()
 
     def end(self) -> float:
         """After backward: wait for the gradients, sleep the stretch; return the seconds slept."""
-        if self._started is None:
-            raise RuntimeError("Straggler.end() without begin()")
-        self._sync()
-        compute = time.perf_counter() - self._started
-        self._started = None
+        _, compute = self._end()
         self.iterations += 1
         self.compute_time += compute
         return self.stretch(compute)
@@ -112,7 +131,7 @@ class Straggler:
                 "slept_s": self.slept}
 
 
-class EmulatedDevice:
+class EmulatedDevice(_LoopTimer):
     """Makes each iteration of one worker last ``max(host time, device time)``.
 
     ``begin()`` waits for the pulled weights (not device time) and starts the clock;
@@ -123,17 +142,19 @@ class EmulatedDevice:
 
     #: host work above this share of the device time makes the emulation contention-bound
     HOST_SHARE_WARNING = 0.5
+    #: iterations per check of the host's share (the median of the latest ones)
+    CHECK_EVERY = 20
 
     def __init__(self, clock: devices.DeviceClock, rank: int = 0, sleep=time.sleep,
                  wait_all=None, now=time.perf_counter):
+        super().__init__(sleep, wait_all, now)
         self.clock = clock
         self.rank = rank
-        self._sleep, self._wait_all, self._now = sleep, wait_all, now
         self._t0: float | None = None
-        self._started: float | None = None
         self._waited = 0.0
         self.rows: list[dict] = []
         self.warned = False
+        self.log_path: str | None = None
 
     active = True
 
@@ -148,29 +169,16 @@ class EmulatedDevice:
             batch, int(env.get(jobenv.SPEED_SEED, "0") or 0))
         return cls(clock, rank)
 
-    def _sync(self) -> None:
-        if self._wait_all is None:
-            import mxnet as mx
-            self._wait_all = mx.nd.waitall
-        self._wait_all()
-
     def begin(self) -> None:
         """Start of an iteration: wait for the weights, then start the device's clock."""
-        t = self._now()
-        self._sync()
-        self._started = self._now()
-        self._waited = self._started - t
+        self._waited = self._begin()
         if self._t0 is None:
             self._t0 = self._started
 
     def end(self) -> float:
         """After backward: wait for the gradients, then sleep the rest of the device time."""
-        if self._started is None:
-            raise RuntimeError("EmulatedDevice.end() without begin()")
-        self._sync()
-        host = self._now() - self._started
-        start = self._started - self._t0
-        self._started = None
+        started, host = self._end()
+        start = started - self._t0
         device = self.clock.next_time(start)
         extra = max(0.0, device - host)
         if extra > 0:
@@ -178,18 +186,21 @@ class EmulatedDevice:
         self.rows.append({"iteration": len(self.rows), "start_s": start, "host_s": host,
                           "device_s": device, "factor": self.clock.last_factor,
                           "slept_s": extra, "wait_s": self._waited})
-        if not self.warned and len(self.rows) >= 20 and self.host_share() > self.HOST_SHARE_WARNING:
-            self.warned = True
-            print(f"worker {self.rank}: host work takes {self.host_share():.0%} of the emulated "
-                  f"device time: iterations now depend on the host's load. Use fewer workers, a "
-                  f"smaller model or longer device times", file=sys.stderr, flush=True)
+        if not self.warned and len(self.rows) % self.CHECK_EVERY == 0:
+            recent = self.host_share(self.rows[-self.CHECK_EVERY:])
+            if recent > self.HOST_SHARE_WARNING:
+                self.warned = True
+                print(f"worker {self.rank}: host work takes {recent:.0%} of the emulated device "
+                      f"time: iterations now depend on the host's load. Use fewer workers, a "
+                      f"smaller model or longer device times", file=sys.stderr, flush=True)
         return extra
 
-    def host_share(self) -> float:
+    def host_share(self, rows: list[dict] | None = None) -> float:
         """Median host time over device time, per iteration (1 or more: the host is the bound)."""
-        if not self.rows:
+        rows = self.rows if rows is None else rows
+        if not rows:
             return 0.0
-        return statistics.median(r["host_s"] / r["device_s"] for r in self.rows)
+        return statistics.median(r["host_s"] / r["device_s"] for r in rows)
 
     def to_dict(self) -> dict:
         rows = self.rows
@@ -200,16 +211,23 @@ class EmulatedDevice:
                "slept_s": sum(r["slept_s"] for r in rows),
                "wait_time_s": sum(r["wait_s"] for r in rows),
                "slowed_iterations": sum(1 for r in rows if r["factor"] > 1)}
-        metrics = os.environ.get(jobenv.METRICS_DIR)
-        if metrics and rows:
-            path = os.path.join(metrics, f"device-worker{self.rank}.csv")
-            os.makedirs(metrics, exist_ok=True)
-            with open(path, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-                writer.writeheader()
-                writer.writerows(rows)
-            out["per_iteration_csv"] = path
+        if self.log_path:
+            out["per_iteration_csv"] = self.log_path
         return out
+
+    def write_log(self) -> str | None:
+        """Write ``device-worker{rank}.csv`` (one row per iteration) to the job's metrics
+        folder (``launch.py --metrics-dir``), once, at the end of training."""
+        metrics = os.environ.get(jobenv.METRICS_DIR)
+        if not metrics or not self.rows:
+            return None
+        self.log_path = os.path.join(metrics, f"device-worker{self.rank}.csv")
+        os.makedirs(metrics, exist_ok=True)
+        with open(self.log_path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(self.rows[0]))
+            writer.writeheader()
+            writer.writerows(self.rows)
+        return self.log_path
 
 
 def from_env(rank: int, num_workers: int | None = None, batch_size: int = 128):

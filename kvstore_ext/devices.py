@@ -86,11 +86,9 @@ def profile_ms(device: str, model: str, batch_size: int) -> float:
 _MS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*ms\s*$", re.IGNORECASE)
 
 
-def parse_devices(text: str, num_workers: int, model: str | None = None,
-                  batch_size: int = 128) -> list[float]:
-    """Seconds per iteration of each worker from ``"gtx1080ti,gtx1060"``, ``"150ms,400ms"``,
-    or ``"gtx1080ti*7,gtx1060"`` (``*k``: k workers); one entry applies to all."""
-    times = []
+def device_entries(text: str) -> list[tuple[str, int]]:
+    """``(device, workers)`` for each entry of ``"gtx1080ti*7,150ms"``: the list's syntax alone."""
+    entries = []
     for part in str(text).split(","):
         part = part.strip()
         spec, _, count = part.partition("*")
@@ -100,13 +98,28 @@ def parse_devices(text: str, num_workers: int, model: str | None = None,
             raise ValueError(f"device {part!r}: the count after '*' must be an integer") from None
         if repeat < 1:
             raise ValueError(f"device {part!r}: the count after '*' must be >= 1")
+        if not spec.strip():
+            raise ValueError(f"empty device in {text!r}")
+        entries.append((spec.strip(), repeat))
+    return entries
+
+
+def count_devices(text: str) -> int:
+    """How many workers a device list names (``NAME*k`` counts k)."""
+    return sum(repeat for _, repeat in device_entries(text))
+
+
+def parse_devices(text: str, num_workers: int, model: str | None = None,
+                  batch_size: int = 128) -> list[float]:
+    """Seconds per iteration of each worker from ``"gtx1080ti,gtx1060"``, ``"150ms,400ms"``,
+    or ``"gtx1080ti*7,gtx1060"`` (``*k``: k workers); one entry applies to all."""
+    times = []
+    for spec, repeat in device_entries(text):
         match = _MS.match(spec)
         if match:
             ms = float(match.group(1))
             if not ms > 0:
                 raise ValueError(f"device time {spec!r} must be more than 0 ms")
-        elif not spec:
-            raise ValueError(f"empty device in {text!r}")
         else:
             device_key(spec)
             if model is None:
@@ -121,15 +134,6 @@ def parse_devices(text: str, num_workers: int, model: str | None = None,
         raise ValueError(f"{len(times)} devices given ({text!r}) for {num_workers} workers; "
                          f"give one per worker (NAME*k repeats) or one for all")
     return times
-
-
-def count_devices(text: str) -> int:
-    """How many workers a device list names (``NAME*k`` counts k)."""
-    total = 0
-    for part in str(text).split(","):
-        _, _, count = part.partition("*")
-        total += int(count) if count.strip().isdigit() else 1
-    return total
 
 
 # -- patterns ------------------------------------------------------------------------------------

@@ -518,6 +518,7 @@ def train(args) -> int:
                             args.keep_checkpoints, states_saveable)
         epoch += 1
     bar.close()
+    straggler.write_log()
     result = finish_run(result_so_far(), kv, args.out, args.save_params, net)
     final = result["test_accuracy"]
     print(f"worker {rank}: {args.model} on {args.dataset} with {args.kvstore}: test accuracy "

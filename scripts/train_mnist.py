@@ -136,6 +136,7 @@ def main(argv=None) -> int:
     mx.nd.waitall()
     t_end = time.perf_counter()
     bar.close()
+    straggler.write_log()
     if rank == 0 and args.eval_interval and (not snapshots or snapshots[-1][2] != step):
         snapshot()
     curve = []

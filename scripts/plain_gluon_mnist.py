@@ -107,6 +107,10 @@ def main(argv=None):
         counts = probe_counts(seen, args.lr, args.momentum)
         # updates by others between this worker's previous reply and its push being applied
         result["staleness"] = [counts[0] - 1] + [b - 1 - a for a, b in zip(counts, counts[1:])]
+        # how far the job was when this worker stopped: the weights it tests had this many
+        # updates applied, of steps x workers in the whole job
+        result["updates_seen"] = counts[-1] if counts else 0
+        result["steps"] = len(counts)
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 

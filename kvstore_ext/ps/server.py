@@ -34,6 +34,8 @@ log = logging.getLogger("kvstore_ext.server")
 mx = None  # imported in main(), after the engine is chosen
 SYNCHRONOUS_ENGINE = False
 AGGREGATE_KEYS = 32
+#: longest a reply with weights waits for the messages queued behind its request (seconds)
+MAX_REPLY_HOLD_S = 0.02
 
 
 def memory_view(array) -> np.ndarray:
@@ -139,6 +141,8 @@ class Server:
                     Op.GET_STATES: self.op_get_states, Op.SET_STATES: self.op_set_states,
                     Op.STATS: self.op_stats, Op.HELLO: self.op_hello}
         self.timers: list = []            # (due, n, callback): round deadlines, late replies
+        self.value_replies: list = []     # Pending requests answered at the end of the pass
+        self.value_replies_since = 0.0
         self._timer_ids = itertools.count()
         self._register(env.start_timeout)
         self.metrics = ServerMetrics(self.rank)
@@ -196,6 +200,24 @@ class Server:
                                      "kind": kind})
 
     def reply_values(self, p: Pending) -> None:
+        """Answer with weights once the messages already queued are handled (at the end of
+        this pass of the event loop): a push that arrived meanwhile is then in the reply.
+        MXNet's workers get the same from a pull sent after the push; replying at once
+        gave every asynchronous gradient about one more update of staleness.  Synchronous
+        stores answer at once: nothing can change their weights before the next round."""
+        if not self.row.asynchronous:   # a synchronous round's weights stay as they are
+            self._send_values(p)
+            return
+        if not self.value_replies:
+            self.value_replies_since = time.monotonic()
+        self.value_replies.append(p)
+
+    def send_value_replies(self) -> None:
+        replies, self.value_replies = self.value_replies, []
+        for p in replies:
+            self._send_values(p)
+
+    def _send_values(self, p: Pending) -> None:
         values = []
         for slot in p.slots:
             values.append(slot.value())
@@ -253,6 +275,9 @@ class Server:
             events = dict(poller.poll(max(0, min(500, int(until_timer * 1000) + 1))))
             if self.router in events:
                 for _ in range(256):
+                    if self.value_replies and \
+                            time.monotonic() - self.value_replies_since > MAX_REPLY_HOLD_S:
+                        break
                     try:
                         frames = recv_message(self.router, self.limits.max_frames)
                     except zmq.Again:
@@ -272,6 +297,7 @@ class Server:
                     except zmq.Again:
                         break
                     self.handle_scheduler(frames)
+            self.send_value_replies()
             if self.running and self.sched_monitor in events and self._scheduler_gone():
                 log.error("server %d: the scheduler at %s closed its connection; stopping",
                           self.rank, self.env.scheduler_address)

@@ -26,21 +26,22 @@ def run(run_job, workers, kvstore, *args, options=()):
     return float(np.mean([r["accuracy"] for r in results])), staleness
 
 
-@pytest.mark.parametrize("workers,seeds,points", [(2, [1], 0.02), (4, [1, 2, 3], 0.04)])
-def test_dist_asp_trains_and_is_as_stale_as_native_dist_async(run_job, workers, seeds, points):
-    """With 4 workers a single run of either store spreads by about 2 points (0.929-0.951 over
-    3 seeds here), so the stores are compared on the mean of 3 seeds, run interleaved.  The
-    bound is 4 points, not the 2 asked for: in two clean-machine runs dist_asp's mean was 2.5
-    points below dist_async's at 4 workers (0.926 vs 0.951), in another run equal (0.939);
-    whether that gap is real is not settled (docs/reliability.md)."""
+@pytest.mark.parametrize("workers,seeds", [(2, [1]), (4, [1, 2, 3, 4])])
+def test_dist_asp_trains_and_is_as_stale_as_native_dist_async(run_job, workers, seeds):
+    """dist_asp may not train worse than dist_async by more than 2 points.  With 4 workers a
+    single run of either store spreads by about 2 points, with an occasional run 5-10 points
+    low (under load, both stores), so the stores are compared on the median of 4 seeds, run
+    interleaved.  This check failed on the suite's first runs (dist_asp 2.5-4 points low at 4
+    workers) until the server answered a pushpull only after the pushes queued behind it:
+    the replies had been one update staler than MXNet's (docs/reliability.md)."""
     native, mine = [], []
     for seed in seeds:
         native.append(run(run_job, workers, "dist_async", "--lr", "0.01", "--seed", str(seed)))
         mine.append(run(run_job, workers, "dist_asp", "--lr", "0.01", "--seed", str(seed)))
-    native_acc, acc = np.mean([a for a, _ in native]), np.mean([a for a, _ in mine])
+    native_acc, acc = np.median([a for a, _ in native]), np.median([a for a, _ in mine])
     native_st, st = np.concatenate([s for _, s in native]), np.concatenate([s for _, s in mine])
     assert native_acc >= 0.9 and acc >= 0.9, (native, mine)
-    assert abs(acc - native_acc) <= points, ([a for a, _ in native], [a for a, _ in mine])
+    assert acc >= native_acc - 0.02, ([a for a, _ in native], [a for a, _ in mine])
     # no push lost or doubled (each applied once: the probe counts them), and the gradients
     # are no staler than with MXNet's own store
     assert st.min() >= 0 and native_st.min() >= 0

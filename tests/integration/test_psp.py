@@ -227,31 +227,30 @@ def rate(result):
 def test_a_ten_times_slower_worker_no_longer_holds_the_others_back(run_job, tmp_path):
     """c = n - 1: the fast workers keep their pace; the slow one's late pushes are dropped.
 
-    The runs alternate (without, with, without, with) and the better pair counts: this
-    machine's speed drifts by more than 25% between runs a few seconds apart.
+    Emulated devices (100 ms per iteration, the slow one 1 s) set the pace, not this
+    machine's contention, so one pair of runs decides.
     """
     common = [TRAIN, "--kvstore", "dist_psp", "--epochs", "100", "--max-time", "6",
               "--batch-size", "32"]
-    ratios = []
-    for attempt in range(2):
-        out = str(tmp_path / f"alone{attempt}-{{rank}}.json")
-        code, log = run_job(2, 1, [*common, "--out", out], "--kv-param", "min_pushes=2")
-        assert code == 0, log[-3000:]
-        alone = min(rate(read_json(out.replace("{rank}", str(r)))) for r in range(2))
+    out = str(tmp_path / "alone-{rank}.json")
+    code, log = run_job(2, 1, [*common, "--out", out], "--kv-param", "min_pushes=2",
+                        "--device", "100ms")
+    assert code == 0, log[-3000:]
+    alone = min(rate(read_json(out.replace("{rank}", str(r)))) for r in range(2))
 
-        out = str(tmp_path / f"slow{attempt}-{{rank}}.json")
-        metrics = tmp_path / f"metrics{attempt}"
-        code, log = run_job(3, 1, [*common, "--out", out], "--kv-param", "min_pushes=2",
-                            "--worker-speed", "1,1,0.1", "--metrics-dir", str(metrics))
-        assert code == 0, log[-3000:]
-        results = [read_json(out.replace("{rank}", str(r))) for r in range(3)]
-        ratios.append(min(rate(r) for r in results[:2]) / alone)
-        assert results[2]["steps"] < 0.4 * results[0]["steps"]      # it really was slow
-        server = read_json(str(metrics / "server-0.json"))
-        dropped = server["psp"]["dropped_by_worker"]
-        assert int(dropped.get("2", 0)) > 0, dropped
-        assert server["pushes_dropped"] == sum(int(v) for v in dropped.values())
-    assert max(ratios) >= 0.75, ratios
+    out = str(tmp_path / "slow-{rank}.json")
+    metrics = tmp_path / "metrics"
+    code, log = run_job(3, 1, [*common, "--out", out], "--kv-param", "min_pushes=2",
+                        "--device", "100ms*2,1000ms", "--metrics-dir", str(metrics))
+    assert code == 0, log[-3000:]
+    results = [read_json(out.replace("{rank}", str(r))) for r in range(3)]
+    assert results[2]["steps"] < 0.2 * results[0]["steps"]      # it really was slow
+    server = read_json(str(metrics / "server-0.json"))
+    dropped = server["psp"]["dropped_by_worker"]
+    assert int(dropped.get("2", 0)) > 0, dropped
+    assert server["pushes_dropped"] == sum(int(v) for v in dropped.values())
+    # without PSP the fast pair would go at the slow one's pace: 0.1 of alone
+    assert min(rate(r) for r in results[:2]) >= 0.7 * alone, (alone, results)
 
 
 @pytest.mark.parametrize("fraction", [0.5, 1.0])

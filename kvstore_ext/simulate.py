@@ -9,15 +9,19 @@ paradigm get through in a given time on this cluster" before any training.
 
     python -m kvstore_ext.simulate --speeds 1.0,0.43 --time 1000
     python -m kvstore_ext.simulate --device 200ms*8 --straggler-pattern transient:0.05:3:2 --time 60
+    python -m kvstore_ext.simulate --device 148ms*8 --servers 4 --reply-delays 0,0,0,1.5 \
+        --kv-param min_pull_fraction=0.75 --time 60
 """
 from __future__ import annotations
 
 import argparse
 import heapq
+import json
 import random
 from dataclasses import dataclass, field
 
 from .devices import PATTERN_HELP, DeviceClock, count_devices
+from .policies.psp import PartialPull
 from .stragglers import stretched_time
 from . import registry
 
@@ -64,20 +68,29 @@ def iteration_times(speeds, base_time: float = 1.0, jitter: float = 0.0, seed: i
 
 def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: float = 1.0,
              jitter: float = 0.0, seed: int = 0, latency: float = 0.0, clocks=None,
-             release_latency: float = 0.0) -> SimResult:
+             release_latency: float = 0.0, servers: int = 1, reply_delays=None,
+             blocks=None) -> SimResult:
     """Run virtual workers with the given speeds (or device ``clocks``) until ``horizon``.
 
     Iteration times as :func:`iteration_times` gives them; ``latency`` is added between
     an OK and the next iteration's start (the pull and the push), plus ``release_latency``
     for each worker released at that same moment: k workers let go together (a BSP round)
-    pull and start at once, and share the network and the hosts.
+    pull and start at once, and share the network and the hosts.  ``servers``,
+    ``reply_delays`` (one per server: how late its replies are) and ``blocks`` (how many blocks
+    each server holds) are modelled for stores whose rounds are per block (``dist_psp``: b, the
+    fraction of blocks a worker waits for, then matters); the per-key policies are simulated as
+    one server.
     """
     row = registry.lookup(store_type)
     if clocks is not None:
         speeds = [1.0] * len(clocks)
     if row.policy is None and row.block_policy is not None:
         return simulate_blocks(row, row.check(params), speeds, horizon, base_time, jitter,
-                               seed, latency, clocks, release_latency)
+                               seed, latency, clocks, release_latency, servers, reply_delays,
+                               blocks)
+    if servers != 1 or any(reply_delays or ()) or blocks:
+        raise ValueError(f"{store_type}: servers and reply delays are only simulated for "
+                         f"stores with per-block rounds (dist_psp)")
     step_time = iteration_times(speeds, base_time, jitter, seed, clocks)
     n = len(speeds)
     policy = registry.make_policy(store_type, range(n), params)
@@ -112,60 +125,128 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
 
 def simulate_blocks(row, params: dict, speeds, horizon: float, base_time: float = 1.0,
                     jitter: float = 0.0, seed: int = 0, latency: float = 0.0,
-                    clocks=None, release_latency: float = 0.0) -> SimResult:
-    """The same, for a store whose rounds are versions of a block (``dist_psp``, one block).
+                    clocks=None, release_latency: float = 0.0, servers: int = 1,
+                    reply_delays=None, blocks=None) -> SimResult:
+    """The same, for a store whose rounds are versions of a block (``dist_psp``): every
+    worker pushes to every server, which holds ``blocks[s]`` blocks (default 1) that move
+    together (one policy per server: they get the same pushes).
 
-    A worker pushes its gradient stamped with the version it holds; the row's block policy
+    A worker pushes each block stamped with the version it holds; the row's block policy
     drops it if the block has moved on, or sums it into the round, which closes after c
     pushes and τ1 more (a timer event), or when every worker has pushed.  The pull that
-    follows waits for the next version; then the worker starts its next iteration.
+    follows asks every server for the next version; a server's part reaches the worker
+    ``reply_delays[s]`` after the block gets there (a slow server).  The worker goes on once
+    a fraction b of the blocks has come and τ2 more has passed, or all have
+    (:class:`~kvstore_ext.policies.psp.PartialPull`); a block whose part had not come keeps
+    its old version, so its next push is stamped old and dropped if the block moved on.  A
+    part of a pull the worker no longer waits for is ignored.
     """
     step_time = iteration_times(speeds, base_time, jitter, seed, clocks)
     n = len(speeds)
-    policy = row.block_policy(range(n), params)
+    delays = list(reply_delays or [0.0] * servers)
+    if len(delays) != servers or any(d < 0 for d in delays):
+        raise ValueError(f"reply_delays {delays} must give {servers} delays >= 0")
+    blocks = list(blocks or [1] * servers)
+    if len(blocks) != servers or any(type(k) is not int or k < 1 for k in blocks):
+        raise ValueError(f"blocks {blocks} must give {servers} counts >= 1")
+    policies = [row.block_policy(range(n), params) for _ in range(servers)]
     iterations = {w: 0 for w in range(n)}
     wait = {w: 0.0 for w in range(n)}
-    held = {w: 0 for w in range(n)}              # the version of the block each worker holds
-    waiting: dict[int, tuple[int, float]] = {}   # worker -> (version wanted, pushed at)
-    events: list[tuple[float, int, int]] = []    # (time, tie-break, worker; -1 for a timer)
+    held = {w: [0] * servers for w in range(n)}    # the version of each block a worker holds
+    calls = {w: 0 for w in range(n)}               # each worker's current pull
+    waiting: dict[int, dict] = {}   # worker -> {"pushed": t, "asked": {s: version}, "came": set,
+    #                                            "pull": PartialPull, "sent": set of servers}
+    events: list = []   # (time, tie-break, kind, payload)
     seq = 0
     max_lead, decisions, leads = 0, 0, []
 
-    def start(worker: int, at: float, together: int = 1) -> None:
+    def schedule(at: float, kind: str, payload) -> None:
         nonlocal seq
         seq += 1
+        heapq.heappush(events, (at, seq, kind, payload))
+
+    def start(worker: int, at: float, together: int = 1) -> None:
         at += latency + release_latency * together
-        heapq.heappush(events, (at + step_time(worker, at), seq, worker))
+        schedule(at + step_time(worker, at), "push", worker)
+
+    def send_parts(now: float) -> None:
+        """Every server's parts that have reached the versions asked for go out (one event
+        per server and moment, so the workers they complete are let go together)."""
+        for s, policy in enumerate(policies):
+            ready = [(w, calls[w]) for w, st in sorted(waiting.items())
+                     if s not in st["sent"] and policy.version >= st["asked"][s]]
+            for w, _ in ready:
+                waiting[w]["sent"].add(s)
+            if ready:
+                if delays[s] == 0:
+                    arrive(now, s, policy.version, ready)
+                else:
+                    schedule(now + delays[s], "parts", (s, policy.version, ready))
+
+    released_now: list = []
+
+    def arrive(now: float, s: int, version: int, parts) -> None:
+        for w, call in parts:
+            st = waiting.get(w)
+            if st is None or calls[w] != call:
+                continue            # a pull the worker went on without
+            st["came"].add(s)
+            held[w][s] = max(held[w][s], version)
+            check(w, now)
+
+    def check(w: int, now: float) -> None:
+        st = waiting[w]
+        if st["pull"].done(sum(blocks[s] for s in st["came"]), now):
+            if w not in released_now:
+                released_now.append(w)
+        elif st["pull"].wake_at() is not None and not st.get("wake"):
+            st["wake"] = True
+            schedule(st["pull"].wake_at(), "wake", (w, calls[w]))
 
     def release(now: float) -> None:
         nonlocal max_lead
-        together = sum(policy.version >= wanted for wanted, _ in waiting.values())
-        for worker, (wanted, pushed_at) in sorted(waiting.items()):
-            if policy.version >= wanted:
-                del waiting[worker]
-                held[worker] = policy.version
-                lead = iterations[worker] - min(iterations.values())
-                max_lead = max(max_lead, lead)
-                leads.append(lead)
-                wait[worker] += now - pushed_at
-                start(worker, now, together)
+        together = len(released_now)
+        for w in sorted(released_now):
+            st = waiting.pop(w)
+            lead = iterations[w] - min(iterations.values())
+            max_lead = max(max_lead, lead)
+            leads.append(lead)
+            wait[w] += now - st["pushed"]
+            start(w, now, together)
+        released_now.clear()
 
     for w in range(n):
         start(w, 0.0, 0)
     while events and events[0][0] <= horizon:
-        now, _, worker = heapq.heappop(events)
-        if worker < 0:
-            outcome = policy.on_timer(now)
-        else:
+        now, _, kind, payload = heapq.heappop(events)
+        if kind == "timer":
+            outcome = policies[payload].on_timer(now)
+        elif kind == "push":
+            worker = payload
             iterations[worker] += 1
-            outcome = policy.on_push(worker, held[worker], now)
-            waiting[worker] = (held[worker] + 1, now)
             decisions += 1
-        if outcome.deadline is not None:
-            seq += 1
-            heapq.heappush(events, (outcome.deadline, seq, -1))
+            calls[worker] += 1
+            for s, policy in enumerate(policies):
+                outcome = policy.on_push(worker, held[worker][s], now)
+                if outcome.deadline is not None:
+                    schedule(outcome.deadline, "timer", s)
+            waiting[worker] = {"pushed": now, "came": set(), "sent": set(),
+                               "asked": {s: held[worker][s] + 1 for s in range(servers)},
+                               "pull": PartialPull(sum(blocks),
+                                                   params.get("min_pull_fraction", 1.0),
+                                                   params.get("pull_timeout", 0.0))}
+        elif kind == "parts":
+            arrive(now, *payload)
+        elif kind == "wake":
+            w, call = payload
+            if w in waiting and calls[w] == call:
+                waiting[w]["wake"] = False
+                check(w, now)
+        if kind in ("timer", "push"):
+            send_parts(now)
         release(now)
-    return SimResult(iterations, wait, max_lead, decisions, horizon, leads, policy.dropped)
+    dropped = sum(p.dropped * k for p, k in zip(policies, blocks))   # pushed blocks dropped
+    return SimResult(iterations, wait, max_lead, decisions, horizon, leads, dropped)
 
 
 def paradigms(stores: list[str] | None = None) -> dict[str, tuple[str, dict]]:
@@ -206,6 +287,20 @@ def main(argv=None) -> int:
                         help="the batch size device profiles are timed at (default 128)")
     parser.add_argument("--straggler-pattern", action="append", default=[], metavar="SPEC",
                         help="device slow-downs (repeatable): " + PATTERN_HELP)
+    parser.add_argument("--servers", type=int, default=1,
+                        help="servers, each holding one block of the model (dist_psp only; "
+                             "the per-key policies are simulated as one server)")
+    parser.add_argument("--reply-delays", default="",
+                        help="comma-separated seconds each server's replies are late, one per "
+                             "server (e.g. 0,0,0,1.5: server 3 is slow, as launch.py "
+                             "--slow-server 3:1.5); dist_psp only")
+    parser.add_argument("--blocks", default="",
+                        help="comma-separated number of blocks each server holds (default 1 "
+                             "each); b counts blocks (dist_psp only)")
+    parser.add_argument("--kv-param", action="append", default=[], metavar="NAME=VALUE",
+                        help="a store parameter (JSON value) given to every simulated store "
+                             "that takes it, over its example settings, e.g. "
+                             "min_pull_fraction=0.75 (repeatable)")
     parser.add_argument("--stores", default="",
                         help="comma-separated store types to simulate (default: every type whose "
                              "servers run a per-key policy, each with its example settings)")
@@ -230,10 +325,38 @@ def main(argv=None) -> int:
           f"{'dropped':>7}")
     base = None
     chosen = [n for n in args.stores.split(",") if n.strip()] or None
+    given = {}
+    for item in args.kv_param:
+        name, eq, value = item.partition("=")
+        if not eq:
+            parser.error(f"--kv-param expects NAME=VALUE, got {item!r}")
+        try:
+            given[name] = json.loads(value)
+        except json.JSONDecodeError:
+            given[name] = value
+    try:
+        delays = [float(d) for d in args.reply_delays.split(",")] if args.reply_delays else None
+    except ValueError:
+        parser.error(f"--reply-delays must be numbers of seconds, got {args.reply_delays!r}")
+    if delays is not None and len(delays) != args.servers:
+        parser.error(f"--reply-delays gives {len(delays)} delays for {args.servers} servers")
+    try:
+        blocks = [int(k) for k in args.blocks.split(",")] if args.blocks else None
+    except ValueError:
+        parser.error(f"--blocks must be whole numbers, got {args.blocks!r}")
+    per_block = args.servers > 1 or any(delays or ()) or blocks is not None
     for name, (store_type, params) in paradigms(chosen).items():
-        r = simulate(store_type, params, speeds, args.time, jitter=args.jitter,
-                     seed=args.seed, latency=args.latency, clocks=clocks(),
-                     release_latency=args.release_latency)
+        row = registry.lookup(store_type)
+        if per_block and row.block_policy is None:
+            continue    # servers and late replies are modelled for per-block rounds only
+        params = {**params, **{k: v for k, v in given.items() if k in row.params}}
+        try:
+            r = simulate(store_type, params, speeds, args.time, jitter=args.jitter,
+                         seed=args.seed, latency=args.latency, clocks=clocks(),
+                         release_latency=args.release_latency, servers=args.servers,
+                         reply_delays=delays, blocks=blocks)
+        except ValueError as exc:
+            parser.error(f"{name}: {exc}")
         base = base or r.total_iterations
         per = ",".join(str(r.iterations[w]) for w in sorted(r.iterations))
         print(f"{name:<12} {r.total_iterations:>10} {per:>18} "

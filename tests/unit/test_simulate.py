@@ -60,3 +60,57 @@ def test_device_clocks_and_latency_per_worker_released_together():
     # the first iteration starts at 0 without a release
     assert bsp.iterations[0] == 1 + int((100.0 - 1.0) / (1.0 + n * b))
     assert asp.iterations[0] == 1 + int((100.0 - 1.0) / (1.0 + b))
+
+
+# -- dist_psp with several servers, late replies and b -------------------------------------------
+EQUAL = [1.0] * 4
+
+
+def test_psp_b_one_pays_a_slow_servers_delay_every_iteration():
+    r = simulate("dist_psp", {}, EQUAL, horizon=150, servers=2, reply_delays=[0, 0.5])
+    assert all(99 <= v <= 100 for v in r.iterations.values()), r.iterations   # 150 / 1.5
+    assert r.dropped == 0
+
+
+def test_psp_b_below_one_goes_on_without_the_slow_server_and_its_block_freezes():
+    """The slow server's part of every pull comes after the worker went on and is dropped, so
+    the worker keeps that block's first version, stamps its pushes with it, and the server
+    drops them all: after the first round the block never changes (as the store does)."""
+    r = simulate("dist_psp", {"min_pull_fraction": 0.5}, EQUAL, horizon=150, servers=2,
+                 reply_delays=[0, 0.5])
+    assert all(v == 150 for v in r.iterations.values()), r.iterations
+    assert r.dropped == r.total_iterations - len(EQUAL)
+
+
+def test_psp_a_pull_timeout_longer_than_the_delay_waits_for_the_slow_server():
+    r = simulate("dist_psp", {"min_pull_fraction": 0.5, "pull_timeout": 1.0}, EQUAL, horizon=150,
+                 servers=2, reply_delays=[0, 0.5])
+    assert all(99 <= v <= 100 for v in r.iterations.values()), r.iterations
+    assert r.dropped == 0
+
+
+@pytest.mark.parametrize("slow,expected", [(0, 100), (1, 150)])
+def test_psp_b_counts_blocks_not_servers(slow, expected):
+    """Server 0 holds 3 blocks, server 1 one; b = 0.5 needs 2 of the 4."""
+    delays = [0.0, 0.0]
+    delays[slow] = 0.5
+    r = simulate("dist_psp", {"min_pull_fraction": 0.5}, EQUAL, horizon=150, servers=2,
+                 reply_delays=delays, blocks=[3, 1])
+    assert all(expected - 1 <= v <= expected for v in r.iterations.values()), r.iterations
+
+
+def test_servers_and_delays_are_refused_where_they_are_not_modelled():
+    with pytest.raises(ValueError, match="per-block rounds"):
+        simulate("dist_ssp", {"staleness": 3}, EQUAL, horizon=10, servers=2)
+    with pytest.raises(ValueError, match="2 delays"):
+        simulate("dist_psp", {}, EQUAL, horizon=10, servers=2, reply_delays=[0.5])
+
+
+def test_simulate_cli_with_a_slow_server(capsys):
+    from kvstore_ext.simulate import main
+    assert main(["--device", "148ms*8", "--servers", "4", "--blocks", "4,3,4,3",
+                 "--reply-delays", "0,0.3,0,0", "--kv-param", "min_pull_fraction=0.75",
+                 "--time", "30"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split()[0] for line in out.splitlines()[1:]]
+    assert rows == ["PSP", "PSP"], out      # the per-key policies are one server only

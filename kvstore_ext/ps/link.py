@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import logging
 import os
 import threading
 import time
@@ -28,6 +29,8 @@ from .transport import (AuthError, Codec, Limits, configure, message_size_proble
                         receive_until)
 from .protocol import Op
 
+log = logging.getLogger("kvstore_ext")
+
 
 #: the ``kind`` of a server's error reply -> the exception the worker raises
 ERROR_KINDS = {"error": KVStoreError, "worker_lost": WorkerLostError,
@@ -39,7 +42,7 @@ class Ticket:
     """One awaited reply, or the parts of one (``dist_psp`` answers block by block)."""
 
     __slots__ = ("event", "header", "buffers", "error", "error_type", "parts", "versions",
-                 "expected", "abandoned", "nbytes")
+                 "expected", "abandoned", "late", "nbytes")
 
     def __init__(self, nbytes: int = 0):
         self.event = threading.Event()
@@ -52,6 +55,9 @@ class Ticket:
         self.versions: dict[int, int] = {}   # item index -> the block's version in its part
         self.expected = 0                     # how many items the request holds
         self.abandoned = False   # a partial pull went on without the rest: nobody waits for it
+        #: what to do with a part that comes after the pull went on: ``late(items, versions,
+        #: buffers)``, called on the link thread; None drops it
+        self.late = None
 
     def fulfil(self, header, buffers) -> None:
         if "part" in header:   # parts may come in any order (a late block comes last)
@@ -154,6 +160,13 @@ class LinkThread(threading.Thread):
                 if ticket.event.is_set():
                     conn._release(seq)
                 conn.progress.notify_all()
+                late = ticket.late if ticket.abandoned and "part" in header else None
+            if late is not None:
+                try:
+                    late(header["part"], header["versions"], buffers)
+                except Exception as exc:   # the next call reports it
+                    conn.unreported = conn.unreported or exc
+                    log.error("kvstore_ext: a late part of a pull could not be used: %s", exc)
 
     def _drain_notices(self) -> None:
         for header, _ in self._messages(self.hb, self.hb_in):
@@ -355,12 +368,15 @@ class Connection:
             raise failed[0].error_type(failed[0].error)
         return {s: (t.header, t.buffers) for s, t in tickets.items()}
 
-    def wait_parts(self, tickets: dict[int, Ticket], counts: dict[int, int], pull) -> dict:
+    def wait_parts(self, tickets: dict[int, Ticket], counts: dict[int, int], pull,
+                   late=None) -> dict:
         """Wait until ``pull.done(arrived, now)`` says enough blocks have come, or all have.
 
         ``counts``: how many items each server's request holds.  Returns, per server, a header
         with the blocks' ``versions`` and one buffer per item, None where that block has not
-        arrived (it may come later; it is then dropped).  ``pull.wake_at()`` tells when to look again unprompted.
+        arrived.  ``pull.wake_at()`` tells when to look again unprompted.  A block that comes
+        later is dropped, unless ``late(server, taken)`` gives a function for it (see
+        :attr:`Ticket.late`; ``taken``: the items returned here, which it must skip).
         """
         total = sum(counts.values())
         with self.progress:
@@ -374,11 +390,18 @@ class Connection:
                     break
                 wake = pull.wake_at()
                 self.progress.wait(0.5 if wake is None else max(0.0, min(0.5, wake - now)))
+            taken = {}
+            for server, ticket in tickets.items():
+                # under the lock the link thread takes before it looks at ``late``: a part
+                # is either in this copy or handed to ``late``, never lost (maybe both)
+                parts, versions = dict(ticket.parts), dict(ticket.versions)
+                taken[server] = (parts, versions)
+                ticket.abandoned = not ticket.event.is_set()
+                if ticket.abandoned and late is not None:
+                    ticket.late = late(server, frozenset(parts))
         out = {}
         for server, ticket in tickets.items():
-            ticket.abandoned = not ticket.event.is_set()   # its late parts will be dropped
-            parts = dict(ticket.parts)   # a copy: more may arrive from the link thread
-            versions = dict(ticket.versions)
+            parts, versions = taken[server]
             items = range(counts[server])
             out[server] = ({"versions": [versions.get(i) for i in items]},
                            [parts.get(i) for i in items])

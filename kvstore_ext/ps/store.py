@@ -9,9 +9,11 @@ MXNet's own stores, whatever reads them waits for them and nothing else does.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pickle
+import threading
 import time
 
 import mxnet as mx
@@ -189,6 +191,7 @@ class ParameterServerStore(KVStoreBase):
         if in_engine:
             places = {h: engine.Destination(o) for h, o in distinct.items()}
             targets = [(k, places[o.handle.value]) for k, o in targets]
+            self._writing_to(targets)
         if in_engine and op == Op.PUSHPULL and len(pairs) == 1 and self._coalescer is not None:
             batch = self._coalescer.add(op, _check_key(pairs[0][0]), plan)   # sent with others
 
@@ -208,6 +211,9 @@ class ParameterServerStore(KVStoreBase):
                 self._copy_in(targets, fetch())
         finally:
             self._metrics.end_call()
+
+    def _writing_to(self, targets) -> None:
+        """Hook: the ``(key, Destination)`` pairs the call being made writes its values to."""
 
     @staticmethod
     def _copy_in(targets, values) -> None:
@@ -483,6 +489,13 @@ class DistPSP(ParameterServerStore):
     stamp and the servers drop them if the block has moved on.  A stamp is never ahead of the
     server's version, so a worker never waits for a round that its own, already summed,
     gradients were meant to fill.
+
+    A block that comes after the worker went on is not thrown away: if it is newer than the
+    one held, it is written into the arrays the key's latest call writes (the weights), through
+    MXNet's engine like any other write, and its version is recorded.  Without that, a server
+    that is always late (a slow server, b < 1) would never get a block to any worker: every
+    gradient for its blocks would carry the first version, and it would drop them all, so
+    its blocks stopped training.  Now they train one delay behind.
     """
 
     store_type = "dist_psp"
@@ -494,9 +507,13 @@ class DistPSP(ParameterServerStore):
         resolve_min_pushes(p["min_pushes"], self.num_workers)   # c > n: an error here, at once
         self._fraction, self._linger = p["min_pull_fraction"], p["pull_timeout"]
         self._held = HeldVersions()   # (key, block) -> version of the block this worker holds
+        self._held_lock = threading.Lock()   # engine threads and the link thread record versions
         self._want: dict = {}     # (key, block) -> version a plain pull waits for after a push
+        self._weights: dict = {}  # key -> the Destinations its latest call writes
         self.partial_pulls = 0    # pulls that went on without every block
         self.blocks_kept = 0      # blocks that kept their previous value
+        self.late_blocks_applied = 0   # blocks written when they came after the pull went on
+        self.late_blocks_stale = 0     # ... not written: the worker held a newer version
 
     def _plan(self, op: str, pairs):
         plan = super()._plan(op, pairs)   # (waits for the gradients: their pulls have landed)
@@ -506,7 +523,8 @@ class DistPSP(ParameterServerStore):
                 if op == Op.PULL:
                     item += [-1, self._want.pop(block, 0)]          # STAMP, WANTED
                 else:
-                    stamp = self._held.stamp(block)
+                    with self._held_lock:
+                        stamp = self._held.stamp(block)
                     item += [stamp, stamp + 1]          # stamp, version wanted
                     if op == Op.PUSH:
                         self._want[block] = stamp + 1
@@ -517,22 +535,65 @@ class DistPSP(ParameterServerStore):
             return self._conn.wait(tickets)
         counts = {s: len(plan[s][0]) for s in tickets}
         pull = PartialPull(sum(counts.values()), self._fraction, self._linger)
-        replies = self._conn.wait_parts(tickets, counts, pull)
+        replies = self._conn.wait_parts(
+            tickets, counts, pull,
+            late=lambda server, taken: functools.partial(self._late_parts, plan[server][2], taken))
         missing = 0
-        for server, (header, buffers) in replies.items():
-            for b, buf, version in zip(plan[server][2], buffers, header["versions"]):
-                if buf is None:
-                    missing += 1
-                else:   # a late reply to an earlier call may bring an older version
-                    self._held.arrived((b.key, b.index), version)
+        with self._held_lock:
+            for server, (header, buffers) in replies.items():
+                for b, buf, version in zip(plan[server][2], buffers, header["versions"]):
+                    if buf is None:
+                        missing += 1
+                    else:   # a late reply to an earlier call may bring an older version
+                        self._held.arrived((b.key, b.index), version)
         if missing:
             self.partial_pulls += 1
             self.blocks_kept += missing
         return replies
 
+    def _writing_to(self, targets) -> None:
+        by_key: dict = {}
+        for k, destination in targets:
+            by_key.setdefault(k, []).append(destination)
+        self._weights.update(by_key)
+
+    def _late_parts(self, blocks, taken, items, versions, buffers) -> None:
+        """On the link thread: blocks of a pull that went on without them have come."""
+        for i, version, buf in zip(items, versions, buffers):
+            if i in taken or not 0 <= i < len(blocks):
+                continue
+            b = blocks[i]
+            destinations = self._weights.get(b.key)
+            if not destinations:   # written by copy (not a CPU array): nothing to write into
+                continue
+            value = np.frombuffer(buf, dtype=self._meta[b.key][1])
+            engine.push(functools.partial(self._write_late, b, version, value, destinations),
+                        [d.array for d in destinations])
+
+    def _write_late(self, block, version, value, destinations) -> None:
+        """In the engine, in call order with every other write of the weights: the late block,
+        unless a newer one has been received meanwhile."""
+        with self._held_lock:
+            newer = version > self._held.stamp((block.key, block.index))
+            if newer:
+                self._held.arrived((block.key, block.index), version)
+        if not newer:
+            self.late_blocks_stale += 1
+            return
+        try:
+            for destination in destinations:
+                destination.write([(block.start, block.stop, value)])
+        except Exception as exc:   # a reply that does not fit: the next call reports it
+            self._deferred_error = self._conn.unreported = KVStoreError(
+                f"key {block.key!r}: a late block from server {block.server} does not fit: {exc}")
+            return
+        self.late_blocks_applied += 1
+
     def stats(self) -> dict:
         out = super().stats()
         out["worker"].update(partial_pulls=self.partial_pulls, blocks_kept=self.blocks_kept,
+                             late_blocks_applied=self.late_blocks_applied,
+                             late_blocks_stale=self.late_blocks_stale,
                              older_versions_ignored=self._held.ignored)
         return out
 

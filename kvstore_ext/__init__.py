@@ -62,6 +62,7 @@ def _register_with_mxnet() -> None:
         return   # those processes choose MXNet's engine before they import it
     if "mxnet" in sys.modules or _importable("mxnet"):
         from . import mxnet_compat  # noqa: F401  (Trainer's async rule, create()'s guard)
+        from . import optimizers  # noqa: F401  ('adadelay', 'adaptiverevision', 'dcasgda', ...)
         runtimes = {registry.PS: _importable("zmq"), registry.HOROVOD: _importable("horovod")}
         registry.on_register(lambda row: _file_with_mxnet(row, runtimes[row.backend]))
         if os.environ.get("KVX_ROLE") == "worker" or "HOROVOD_RANK" in os.environ:

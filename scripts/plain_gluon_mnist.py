@@ -29,6 +29,9 @@ import kvstore_ext  # noqa: E402,F401  (registers dist_asp, ...; harmless for MX
 from gluon_trainers.data import load_mnist  # noqa: E402
 
 
+MOMENTUM_OPTIMIZERS = {"sgd", "nag", "signum", "dcasgd", "adagradmomentum"}
+
+
 def lenet():
     net = gluon.nn.HybridSequential()
     net.add(gluon.nn.Conv2D(20, 5, activation="relu"), gluon.nn.MaxPool2D(2),
@@ -41,8 +44,12 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kvstore", required=True,
                    help="any store: dist_asp, dist_ssp, ... or MXNet's dist_async (--backend mxnet)")
+    p.add_argument("--optimizer", default="sgd",
+                   help="any MXNet optimizer name, e.g. adagrad, or kvstore_ext's adadelay, "
+                        "adaptiverevision, dcasgda, adagradmomentum (default sgd)")
     p.add_argument("--lr", type=float, default=0.05, help="learning rate (default 0.05)")
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    p.add_argument("--momentum", type=float, default=0.9,
+                   help="momentum, for the optimizers that have one (default 0.9)")
     p.add_argument("--batch-size", type=int, default=32, help="per-worker batch (default 32)")
     p.add_argument("--epochs", type=int, default=2, help="passes over each share (default 2)")
     p.add_argument("--seed", type=int, default=1, help="seed of weights and shuffling (default 1)")
@@ -66,6 +73,9 @@ def probe_counts(values, lr: float, momentum: float) -> list[int]:
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.staleness_probe and args.optimizer != "sgd":
+        sys.exit("--staleness-probe reads the probe's value as momentum SGD moves it: "
+                 f"use it with --optimizer sgd, not {args.optimizer}")
     mx.random.seed(args.seed)
     np.random.seed(args.seed)
     kv = mx.kv.create(args.kvstore)
@@ -82,8 +92,10 @@ def main(argv=None):
         probe = gluon.Parameter("staleness_probe", shape=(1,), init=mx.init.Zero())
         probe.initialize()
         params._params[probe.name] = probe
-    trainer = gluon.Trainer(params, "sgd", {"learning_rate": args.lr, "momentum": args.momentum},
-                            kvstore=kv)
+    options = {"learning_rate": args.lr}
+    if args.optimizer in MOMENTUM_OPTIMIZERS:
+        options["momentum"] = args.momentum
+    trainer = gluon.Trainer(params, args.optimizer, options, kvstore=kv)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     seen = []
     for _ in range(args.epochs):
@@ -102,7 +114,7 @@ def main(argv=None):
         out = net(mx.nd.array(x_test[i:i + 500])).argmax(axis=1).asnumpy()
         correct += int((out == y_test[i:i + 500]).sum())
     result = {"rank": kv.rank, "num_workers": kv.num_workers, "kvstore": args.kvstore,
-              "lr": args.lr, "seed": args.seed, "accuracy": correct / len(x_test)}
+              "optimizer": args.optimizer, "lr": args.lr, "seed": args.seed, "accuracy": correct / len(x_test)}
     if probe is not None:
         counts = probe_counts(seen, args.lr, args.momentum)
         # updates by others between this worker's previous reply and its push being applied

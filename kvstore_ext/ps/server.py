@@ -132,6 +132,7 @@ class Server:
         self.init_waiting: list[InitWait] = []
         self.init_seen: dict[tuple, set] = {}   # (key, block) -> workers that initialised it
         self.updater = None
+        self.delay_aware = False   # the optimizer is applied push by push with its delay
         self.optimizer_blob: bytes | None = None
         self.failure: str | None = None
         self.failure_kind = "error"
@@ -221,7 +222,7 @@ class Server:
         values = []
         for slot in p.slots:
             values.append(slot.value())
-            slot.pulled[p.worker] = slot.version
+            self.sent_weights(slot, p.worker)
         # one reply carries every block: it is as late as its latest block
         late = max(self._lateness(len(values)), default=0.0)
         self._send_later(p, {"op": Op.REPLY, "seq": p.seq, "ok": True}, values, late)
@@ -235,7 +236,7 @@ class Server:
         for late, group in groups.items():
             slots = [p.slots[i] for i in group]
             for slot in slots:
-                slot.pulled[p.worker] = slot.version
+                self.sent_weights(slot, p.worker)
             header = {"op": Op.REPLY, "seq": p.seq, "ok": True, "part": group,
                       "versions": [s.version for s in slots]}
             self._send_later(p, header, [s.value() for s in slots], late)
@@ -430,6 +431,9 @@ class Server:
             slot.waiting.pop(rank, None)
             slot.held = deque(h for h in slot.held if h[0] != rank)
             decisions.append((slot, slot.policy.remove_worker(rank, now)))
+        if self.delay_aware:   # what the optimizer kept for the worker goes with it
+            for state in self.updater.states.values():
+                self.updater.optimizer.forget(state, rank)
         self.carry_out(decisions)
 
     # -- operations --------------------------------------------------------------------------
@@ -567,12 +571,17 @@ class Server:
 
     def take_push(self, slot: Slot, worker: int, grad, pending: Pending, now: float):
         slot.gather(grad)
-        self.metrics.record_staleness(worker, slot.version - slot.pulled.get(worker, 0))
+        delay = slot.version - slot.pulled.get(worker, 0)
+        self.metrics.record_staleness(worker, delay)
         queue = slot.waiting.get(worker)
         if queue is None:
             queue = slot.waiting[worker] = deque()
         queue.append(pending)
-        return slot.policy.on_push(worker, now)
+        decision = slot.policy.on_push(worker, now)
+        if self.delay_aware and decision.apply:
+            # applied on its own, with who pushed it and its delay (never summed with another)
+            self.apply([slot], pusher=(worker, delay))
+        return decision
 
     def carry_out(self, decisions) -> None:
         """Apply what the policies said to apply (in one optimizer call), then send OKs;
@@ -615,13 +624,20 @@ class Server:
                     else:
                         self.reply(p.ident, p.seq, worker=p.worker)
 
-    def apply(self, slots) -> None:
+    def apply(self, slots, pusher=None) -> None:
+        """One optimizer call for ``slots``; ``pusher``: the (worker, delay) of the one push
+        they hold, for an optimizer that needs it (:mod:`kvstore_ext.optimizers`)."""
         for slot in slots:
             if not SYNCHRONOUS_ENGINE:
                 slot.grad._sync_copyfrom(slot.acc)
             self.metrics.pushes_applied += slot.gathered
             slot.gathered = 0
-        if self.updater is not None:
+        if self.updater is not None and pusher is not None:
+            worker, delay = pusher
+            for slot in slots:
+                self.updater.optimizer.update_delayed(
+                    slot.key, slot.weight, slot.grad, self._optimizer_state(slot), worker, delay)
+        elif self.updater is not None:
             self.updater([s.key for s in slots], [s.grad for s in slots], [s.weight for s in slots])
         else:  # no optimizer: the store holds the summed value, as MXNet's servers do
             for slot in slots:
@@ -629,6 +645,31 @@ class Server:
         for slot in slots:
             slot.version += 1
         self.metrics.updates += len(slots)
+
+    def _optimizer_state(self, slot: Slot):
+        """The updater's state of ``slot``'s key, made as MXNet's Updater makes it."""
+        states = self.updater.states
+        if slot.key not in states:
+            states[slot.key] = self.updater.optimizer.create_state_multi_precision(
+                slot.key, slot.weight)
+            self.updater.states_synced[slot.key] = True
+        return states[slot.key]
+
+    def sent_weights(self, slot: Slot, worker: int) -> None:
+        """``worker`` is being sent ``slot``'s weights at its current version."""
+        slot.pulled[worker] = slot.version
+        if self.delay_aware:
+            self.updater.optimizer.pulled(slot.key, slot.weight, self._optimizer_state(slot),
+                                          worker)
+
+    def _use_updater(self, optimizer) -> None:
+        """Run ``optimizer`` from now on, if this store type can (refused with the reason)."""
+        from ..optimizers import needs_delay, refuse_on_summing_store
+        problem = refuse_on_summing_store(optimizer, self.row.name, self.row.asynchronous)
+        if problem:
+            raise RequestError(problem)
+        self.updater = mx.optimizer.get_updater(optimizer)
+        self.delay_aware = needs_delay(optimizer)
 
     def op_set_optimizer(self, ident, header, buffers) -> None:
         blob = bytes(buffers[0])
@@ -638,7 +679,7 @@ class Server:
                 # a server updates many keys at once: fuse more of them per kernel call
                 # (the same arithmetic per element, fewer calls)
                 optimizer.aggregate_num = max(optimizer.aggregate_num, AGGREGATE_KEYS)
-            self.updater = mx.optimizer.get_updater(optimizer)
+            self._use_updater(optimizer)
             self.optimizer_blob = blob
         self.reply(ident, header["seq"], worker=header["worker"])
 
@@ -653,7 +694,7 @@ class Server:
     def op_set_states(self, ident, header, buffers) -> None:
         states, optimizer = pickle.loads(bytes(buffers[0]))  # authenticated
         if optimizer is not None:
-            self.updater = mx.optimizer.get_updater(optimizer)
+            self._use_updater(optimizer)
             self.optimizer_blob = None
         if self.updater is None:
             raise RequestError("set an optimizer before loading optimizer states")
@@ -676,7 +717,20 @@ class Server:
             out["faults"] = self.faults.to_dict()
         if self.handler is not None:
             out[self.handler.metrics_name] = self.handler.to_dict()
+        if self.delay_aware:
+            out["delay_optimizer"] = self.delay_optimizer_stats()
         return out
+
+    def delay_optimizer_stats(self) -> dict:
+        """The delays a delay-aware optimizer was given (per key: compare with the staleness
+        histogram) and the memory it keeps per worker."""
+        opt = self.updater.optimizer
+        per_worker = sum(getattr(state, "per_worker_bytes", lambda: 0)()
+                         for state in self.updater.states.values())
+        workers = max(1, len(self.members))
+        return {"optimizer": type(opt).__name__.lower(),
+                "delays": {str(d): n for d, n in sorted(opt.delays.items())},
+                "per_worker_bytes": per_worker // workers, "keys": len(self.updater.states)}
 
 
 def main(argv=None) -> int:

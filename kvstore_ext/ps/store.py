@@ -348,6 +348,10 @@ class ParameterServerStore(KVStoreBase):
     # -- optimizer ----------------------------------------------------------------------------
     def set_optimizer(self, optimizer):
         """Send MXNet's optimizer (pickled, authenticated) to every server."""
+        from ..optimizers import refuse_on_summing_store
+        problem = refuse_on_summing_store(optimizer, self.type, getattr(self, "asynchronous", False))
+        if problem:
+            raise KVStoreError(problem)
         self._settle()
         blob = pickle.dumps(optimizer)
         self._conn.request({s: ({"op": Op.SET_OPTIMIZER}, [blob])

@@ -46,6 +46,24 @@ class PushState:
     def snapshot(self, worker: int):
         return self.snapshots.get(worker, self.initial)
 
+    @classmethod
+    def join(cls, blocks: list["PushState"], merge) -> "PushState":
+        """One key's state from the states of its blocks (``merge`` joins NDArrays), for
+        ``save_optimizer_states`` of a key split across servers."""
+        first = blocks[0]
+        joined = cls({name: merge([b.arrays[name] for b in blocks]) for name in first.arrays},
+                     None if first.initial is None else merge([b.initial for b in blocks]))
+        for worker in set.intersection(*(set(b.snapshots) for b in blocks)):
+            joined.snapshots[worker] = merge([b.snapshots[worker] for b in blocks])
+        return joined
+
+    def cut(self, cut) -> "PushState":
+        """The state of one block (``cut`` slices an NDArray), for ``load_optimizer_states``."""
+        part = type(self)({name: cut(a) for name, a in self.arrays.items()},
+                          None if self.initial is None else cut(self.initial))
+        part.snapshots = {w: cut(a) for w, a in self.snapshots.items()}
+        return part
+
     def per_worker_bytes(self) -> int:
         return sum(a.size * np.dtype(a.dtype).itemsize for a in self.snapshots.values())
 

@@ -446,6 +446,8 @@ def _merge_state(blocks, shape):
     if isinstance(first, mx.nd.NDArray):
         flat = first if len(blocks) == 1 else mx.nd.concat(*[b.reshape(-1) for b in blocks], dim=0)
         return flat.reshape(shape) if shape is not None and flat.size == int(np.prod(shape)) else flat
+    if hasattr(first, "join"):   # a delay-aware optimizer's state (kvstore_ext.optimizers)
+        return type(first).join(blocks, lambda arrays: _merge_state(arrays, shape))
     return first
 
 
@@ -456,12 +458,16 @@ def _slice_state(state, start, stop):
         return type(state)(_slice_state(s, start, stop) for s in state)
     if isinstance(state, mx.nd.NDArray):
         return state.reshape(-1)[start:stop].copy()
+    if hasattr(state, "cut"):   # a delay-aware optimizer's state (kvstore_ext.optimizers)
+        return state.cut(lambda a: _slice_state(a, start, stop))
     return state
 
 
 def _state_size(state) -> int:
     if isinstance(state, (tuple, list)):
         return next((_state_size(s) for s in state if s is not None), 0)
+    if hasattr(state, "arrays"):
+        return _state_size(list(state.arrays.values()))
     return state.size if isinstance(state, mx.nd.NDArray) else 0
 
 

@@ -130,9 +130,16 @@ def main():
     kv.barrier()
     if kv.rank == 0:
         kv.pull("w", out=out)
+        stats = kv.stats()
+        # the optimizer's state, saved, loaded back (split again per server) and saved again
+        first, second = args.out + ".states1", args.out + ".states2"
+        kv.save_optimizer_states(first)
+        kv.load_optimizer_states(first)
+        kv.save_optimizer_states(second)
         with open(args.out, "w") as f:
-            json.dump({"weights": out.asnumpy().astype(float).tolist(),
-                       "stats": kv.stats() if hasattr(kv, "stats") else {}}, f)
+            json.dump({"weights": out.asnumpy().astype(float).tolist(), "stats": stats,
+                       "states": [first, second]}, f)
+    kv.barrier()   # nobody leaves (taking its snapshots with it) before worker 0 has saved
     return 0
 
 

@@ -38,6 +38,10 @@ def parse_args(argv=None):
     p.add_argument("--workers", default="2", help="worker counts, e.g. 2,4 (default 2)")
     p.add_argument("--lrs", default="0.05", help="learning rates, e.g. 0.01,0.05,0.1 (default 0.05)")
     p.add_argument("--seeds", default="1,2,3", help="seeds, one run each (default 1,2,3)")
+    p.add_argument("--optimizers", default="sgd",
+                   help="comma-separated optimizers, each run with every store (default sgd; "
+                        "e.g. adagrad,adadelay,adaptiverevision,dcasgda); staleness is read "
+                        "with sgd only")
     p.add_argument("--epochs", type=int, default=2, help="epochs per run (default 2)")
     p.add_argument("--kv-param", action="append", default=[],
                    help="STORE:NAME=VALUE, a parameter of one store (e.g. dist_ssp:staleness=3)")
@@ -46,7 +50,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def run_one(store: str, workers: int, lr: float, seed: int, args) -> dict:
+def run_one(store: str, workers: int, lr: float, seed: int, args, optimizer: str = "sgd") -> dict:
     options = ["--backend", "mxnet"] if store in NATIVE else []
     for spec in args.kv_param:
         name, _, param = spec.partition(":")
@@ -55,21 +59,31 @@ def run_one(store: str, workers: int, lr: float, seed: int, args) -> dict:
     argv = [sys.executable, LAUNCH, "-n", str(workers), "-s", "1", "--launcher", "local",
             "--timeout", str(args.timeout), *options, sys.executable, SCRIPT, "--kvstore", store,
             "--lr", str(lr), "--seed", str(seed), "--epochs", str(args.epochs),
-            "--staleness-probe"]
+            "--optimizer", optimizer] + (["--staleness-probe"] if optimizer == "sgd" else [])
     proc = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True)
     results = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
                if line.startswith("RESULT ")]
-    run = {"store": store, "workers": workers, "lr": lr, "seed": seed, "exit": proc.returncode}
+    label = store if optimizer == "sgd" else f"{store} {optimizer}"
+    run = {"store": label, "workers": workers, "lr": lr, "seed": seed, "exit": proc.returncode}
     if len(results) != workers:
         run["error"] = proc.stdout[-2000:]
         return run
-    staleness = np.concatenate([r["staleness"] for r in results])
-    run.update(accuracy=float(np.mean([r["accuracy"] for r in results])),
-               staleness_mean=float(staleness.mean()),
-               staleness_p99=float(np.percentile(staleness, 99)),
-               staleness_max=int(staleness.max()))
+    run["accuracy"] = float(np.mean([r["accuracy"] for r in results]))
+    if optimizer == "sgd":
+        staleness = np.concatenate([r["staleness"] for r in results])
+        run.update(staleness_mean=float(staleness.mean()),
+                   staleness_p99=float(np.percentile(staleness, 99)),
+                   staleness_max=int(staleness.max()))
     return run
+
+
+def _staleness(runs: list[dict]) -> dict:
+    if any("staleness_mean" not in r for r in runs):
+        return {"staleness_mean": "", "staleness_p99": "", "staleness_max": ""}
+    return {"staleness_mean": round(float(np.mean([r["staleness_mean"] for r in runs])), 2),
+            "staleness_p99": f"{max(r['staleness_p99'] for r in runs):.0f}",
+            "staleness_max": max(r["staleness_max"] for r in runs)}
 
 
 def summarise(runs: list[dict]) -> list[dict]:
@@ -86,22 +100,20 @@ def summarise(runs: list[dict]) -> list[dict]:
                      "median_accuracy": round(float(np.median(acc)), 4),
                      "diverged": sum(a < DIVERGED for a in acc),
                      "accuracies": " ".join(f"{a:.3f}" for a in acc),
-                     "staleness_mean": round(float(np.mean([r["staleness_mean"] for r in mine])), 2),
-                     "staleness_p99": max(r["staleness_p99"] for r in mine),
-                     "staleness_max": max(r["staleness_max"] for r in mine)})
+                     **_staleness(mine)})
     return rows
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     stores = args.stores.split(",")
-    plan = [(w, lr, seed, store) for w in map(int, args.workers.split(","))
+    plan = [(w, lr, seed, store, opt) for w in map(int, args.workers.split(","))
             for lr in map(float, args.lrs.split(",")) for seed in map(int, args.seeds.split(","))
-            for store in stores]
+            for opt in args.optimizers.split(",") for store in stores]
     os.makedirs(args.out, exist_ok=True)
     runs = []
-    for workers, lr, seed, store in tqdm(plan, desc="runs"):
-        runs.append(run_one(store, workers, lr, seed, args))
+    for workers, lr, seed, store, opt in tqdm(plan, desc="runs"):
+        runs.append(run_one(store, workers, lr, seed, args, opt))
         with open(os.path.join(args.out, "runs.json"), "w") as f:
             json.dump(runs, f, indent=1)
     rows = summarise(runs)
@@ -114,7 +126,7 @@ def main(argv=None) -> int:
              "---: | ---: | ---: |"]
     lines += [f"| {r['workers']} | {r['lr']} | {r['store']} | {r['runs']} | "
               f"{r['median_accuracy']:.3f} | {r['diverged']} | {r['accuracies']} | "
-              f"{r['staleness_mean']} | {r['staleness_p99']:.0f} | {r['staleness_max']} |"
+              f"{r['staleness_mean']} | {r['staleness_p99']} | {r['staleness_max']} |"
               for r in rows]
     table = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "table.md"), "w") as f:

@@ -41,6 +41,7 @@ def install() -> None:
     @functools.wraps(native)
     def _init_kvstore(self):
         config = self._kvstore_params
+        _refuse_delay_optimizer(self._optimizer, config["kvstore"])
         if not is_asynchronous(config["kvstore"]):
             return native(self)
         if config["update_on_kvstore"] is False:
@@ -55,6 +56,21 @@ def install() -> None:
 
     _init_kvstore._kvstore_ext = True
     gluon.Trainer._init_kvstore = _init_kvstore
+
+
+def _refuse_delay_optimizer(optimizer, kvstore) -> None:
+    """A delay-aware optimizer (``kvstore_ext.optimizers``) needs servers that apply each push
+    with its delay: kvstore_ext's asynchronous stores.  Anywhere else in a distributed job it
+    would run without the delay (MXNet's dist_async, or updates on the workers) or on summed
+    gradients, so it is refused before any store is made.  Single-process stores keep it
+    (delay 0, which is exact there)."""
+    if not getattr(optimizer, "needs_delay", False) or kvstore is None:
+        return
+    name = kvstore if isinstance(kvstore, str) else getattr(kvstore, "type", "")
+    if "dist" not in name.lower() or is_asynchronous(kvstore):
+        return
+    from .optimizers import refuse_on_summing_store
+    raise ValueError(refuse_on_summing_store(optimizer, name, asynchronous=False))
 
 
 def guard_native_create() -> None:

@@ -227,9 +227,14 @@ def needs_delay(optimizer) -> bool:
 
 def refuse_on_summing_store(optimizer, store_type: str, asynchronous: bool) -> str | None:
     """Why ``optimizer`` cannot run on ``store_type``, or None."""
-    if needs_delay(optimizer) and not asynchronous:
-        name = type(optimizer).__name__.lower()
-        return (f"optimizer {name!r} needs the delay of each push, but {store_type} sums the "
-                f"workers' gradients before each update, so an update has no single delay; use "
-                f"it with dist_asp, dist_ssp or dist_dssp (or use 'adagrad' here)")
-    return None
+    if not needs_delay(optimizer) or asynchronous:
+        return None
+    name = type(optimizer).__name__.lower()
+    if "async" in store_type:   # MXNet's own: its servers know no delay
+        why = (f"MXNet's {store_type} servers apply each push without its delay, which would "
+               f"make it AdaGrad or SGD")
+    else:
+        why = (f"{store_type} sums the workers' gradients before each update, so an update has "
+               f"no single delay")
+    return (f"optimizer {name!r} needs the delay of each push, but {why}; use it with dist_asp, "
+            f"dist_ssp or dist_dssp (or use 'adagrad' here)")

@@ -98,3 +98,30 @@ def test_a_negative_delay_names_the_key():
     w = mx.nd.ones(3)
     with pytest.raises(ValueError, match="key 'k'"):
         opt.update_delayed("k", w, mx.nd.ones(3), opt.create_state("k", w), 0, -1)
+
+
+@pytest.mark.parametrize("kvstore,update_on_kvstore,why", [
+    ("dist_async", None, "MXNet's dist_async servers apply each push without its delay"),
+    ("dist_sync", None, "dist_sync sums the workers' gradients"),
+    ("dist_bsp", False, "dist_bsp sums the workers' gradients"),
+])
+def test_stock_trainer_refuses_them_where_no_push_has_its_delay(kvstore, update_on_kvstore, why):
+    """Before any store is made (a native dist store would start ps-lite)."""
+    params = mx.gluon.nn.Dense(2, in_units=3)
+    params.initialize()
+    trainer = mx.gluon.Trainer(params.collect_params(), "adadelay", {"learning_rate": 0.1},
+                               kvstore=kvstore, update_on_kvstore=update_on_kvstore)
+    with pytest.raises(ValueError, match=why):
+        trainer._init_kvstore()
+
+
+def test_stock_trainer_keeps_them_on_a_local_store():
+    net = mx.gluon.nn.Dense(2, in_units=3)
+    net.initialize()
+    trainer = mx.gluon.Trainer(net.collect_params(), "adadelay", {"learning_rate": 0.1},
+                               kvstore="local")
+    with mx.autograd.record():
+        loss = net(mx.nd.ones((4, 3))).sum()
+    loss.backward()
+    trainer.step(4)
+    assert np.isfinite(net.weight.data().asnumpy()).all()

@@ -69,8 +69,8 @@ def _refuse_delay_optimizer(optimizer, kvstore) -> None:
     name = kvstore if isinstance(kvstore, str) else getattr(kvstore, "type", "")
     if "dist" not in name.lower() or is_asynchronous(kvstore):
         return
-    from .optimizers import refuse_on_summing_store
-    raise ValueError(refuse_on_summing_store(optimizer, name, asynchronous=False))
+    from .optimizers import delay_refusal
+    raise ValueError(delay_refusal(optimizer, name, asynchronous=False))
 
 
 def guard_native_create() -> None:

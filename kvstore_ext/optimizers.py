@@ -225,7 +225,7 @@ def needs_delay(optimizer) -> bool:
     return bool(getattr(optimizer, "needs_delay", False))
 
 
-def refuse_on_summing_store(optimizer, store_type: str, asynchronous: bool) -> str | None:
+def delay_refusal(optimizer, store_type: str, asynchronous: bool) -> str | None:
     """Why ``optimizer`` cannot run on ``store_type``, or None."""
     if not needs_delay(optimizer) or asynchronous:
         return None

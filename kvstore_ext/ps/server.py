@@ -664,8 +664,8 @@ class Server:
 
     def _use_updater(self, optimizer) -> None:
         """Run ``optimizer`` from now on, if this store type can (refused with the reason)."""
-        from ..optimizers import needs_delay, refuse_on_summing_store
-        problem = refuse_on_summing_store(optimizer, self.row.name, self.row.asynchronous)
+        from ..optimizers import delay_refusal, needs_delay
+        problem = delay_refusal(optimizer, self.row.name, self.row.asynchronous)
         if problem:
             raise RequestError(problem)
         self.updater = mx.optimizer.get_updater(optimizer)

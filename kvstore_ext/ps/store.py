@@ -348,8 +348,8 @@ class ParameterServerStore(KVStoreBase):
     # -- optimizer ----------------------------------------------------------------------------
     def set_optimizer(self, optimizer):
         """Send MXNet's optimizer (pickled, authenticated) to every server."""
-        from ..optimizers import refuse_on_summing_store
-        problem = refuse_on_summing_store(optimizer, self.type, getattr(self, "asynchronous", False))
+        from ..optimizers import delay_refusal
+        problem = delay_refusal(optimizer, self.type, getattr(self, "asynchronous", False))
         if problem:
             raise KVStoreError(problem)
         self._settle()
@@ -568,7 +568,9 @@ class DistPSP(ParameterServerStore):
         self._weights.update(by_key)
 
     def _late_parts(self, blocks, taken, items, versions, buffers) -> None:
-        """On the link thread: blocks of a pull that went on without them have come."""
+        """On the link thread: blocks of a pull that went on without them have come (one part
+        of a reply); one engine operation writes them all."""
+        late, arrays = [], {}
         for i, version, buf in zip(items, versions, buffers):
             if i in taken or not 0 <= i < len(blocks):
                 continue
@@ -576,28 +578,33 @@ class DistPSP(ParameterServerStore):
             destinations = self._weights.get(b.key)
             if not destinations:   # written by copy (not a CPU array): nothing to write into
                 continue
-            value = np.frombuffer(buf, dtype=self._meta[b.key][1])
-            engine.push(functools.partial(self._write_late, b, version, value, destinations),
-                        [d.array for d in destinations])
+            late.append((b, version, np.frombuffer(buf, dtype=self._meta[b.key][1]),
+                         destinations))
+            for d in destinations:   # each array once: listed twice, it deadlocks the engine
+                arrays[d.array.handle.value] = d.array
+        if late:
+            engine.push(functools.partial(self._write_late, late), list(arrays.values()))
 
-    def _write_late(self, block, version, value, destinations) -> None:
-        """In the engine, in call order with every other write of the weights: the late block,
-        unless a newer one has been received meanwhile."""
-        with self._held_lock:
-            newer = version > self._held.stamp((block.key, block.index))
-            if newer:
-                self._held.arrived((block.key, block.index), version)
-        if not newer:
-            self.late_blocks_stale += 1
-            return
-        try:
-            for destination in destinations:
-                destination.write([(block.start, block.stop, value)])
-        except Exception as exc:   # a reply that does not fit: the next call reports it
-            self._deferred_error = self._conn.unreported = KVStoreError(
-                f"key {block.key!r}: a late block from server {block.server} does not fit: {exc}")
-            return
-        self.late_blocks_applied += 1
+    def _write_late(self, late) -> None:
+        """In the engine, in call order with every other write of the weights: the late blocks,
+        each unless a newer one has been received meanwhile."""
+        for block, version, value, destinations in late:
+            with self._held_lock:
+                newer = version > self._held.stamp((block.key, block.index))
+                if newer:
+                    self._held.arrived((block.key, block.index), version)
+            if not newer:
+                self.late_blocks_stale += 1
+                continue
+            try:
+                for destination in destinations:
+                    destination.write([(block.start, block.stop, value)])
+            except Exception as exc:   # a reply that does not fit: the next call reports it
+                self._deferred_error = self._conn.unreported = KVStoreError(
+                    f"key {block.key!r}: a late block from server {block.server} does not "
+                    f"fit: {exc}")
+                return
+            self.late_blocks_applied += 1
 
     def stats(self) -> dict:
         out = super().stats()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import kvstore_ext  # noqa: F401  (registers the optimizers)
-from kvstore_ext.optimizers import needs_delay, refuse_on_summing_store
+from kvstore_ext.optimizers import needs_delay, delay_refusal
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "jobs"))
 import delay_schedule as sched  # noqa: E402
@@ -87,10 +87,10 @@ def test_a_departed_workers_snapshot_is_dropped_and_memory_is_reported():
 
 def test_summing_stores_refuse_delay_aware_optimizers_by_name():
     ada = mx.optimizer.create("adadelay")
-    problem = refuse_on_summing_store(ada, "dist_bsp", asynchronous=False)
+    problem = delay_refusal(ada, "dist_bsp", asynchronous=False)
     assert "'adadelay'" in problem and "dist_bsp" in problem and "dist_asp" in problem
-    assert refuse_on_summing_store(ada, "dist_asp", asynchronous=True) is None
-    assert refuse_on_summing_store(mx.optimizer.create("adagrad"), "dist_bsp", False) is None
+    assert delay_refusal(ada, "dist_asp", asynchronous=True) is None
+    assert delay_refusal(mx.optimizer.create("adagrad"), "dist_bsp", False) is None
 
 
 def test_a_negative_delay_names_the_key():

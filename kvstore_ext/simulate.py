@@ -137,9 +137,10 @@ def simulate_blocks(row, params: dict, speeds, horizon: float, base_time: float 
     follows asks every server for the next version; a server's part reaches the worker
     ``reply_delays[s]`` after the block gets there (a slow server).  The worker goes on once
     a fraction b of the blocks has come and τ2 more has passed, or all have
-    (:class:`~kvstore_ext.policies.psp.PartialPull`); a block whose part had not come keeps
-    its old version, so its next push is stamped old and dropped if the block moved on.  A
-    part of a pull the worker no longer waits for is ignored.
+    (:class:`~kvstore_ext.policies.psp.PartialPull`).  A part that comes after the worker went
+    on is written into its weights when it comes, if newer than the version held, as the store
+    does (``DistPSP._write_late``); until then the block's pushes are stamped with the old
+    version, and dropped if the block moved on.
     """
     step_time = iteration_times(speeds, base_time, jitter, seed, clocks)
     n = len(speeds)
@@ -187,11 +188,11 @@ def simulate_blocks(row, params: dict, speeds, horizon: float, base_time: float 
 
     def arrive(now: float, s: int, version: int, parts) -> None:
         for w, call in parts:
+            held[w][s] = max(held[w][s], version)   # a late part is written when it comes
             st = waiting.get(w)
             if st is None or calls[w] != call:
                 continue            # a pull the worker went on without
             st["came"].add(s)
-            held[w][s] = max(held[w][s], version)
             check(w, now)
 
     def check(w: int, now: float) -> None:

@@ -79,13 +79,17 @@ def predict(runs, rows, exp) -> None:
     """For clusters of emulated devices: the simulator's iterations per worker for each
     paradigm's median trial, beside the measured ones.  The simulator gets the workers' own
     device clocks and, per worker let go together, the cluster's BSP round overhead; its
-    time is the run's training time less the first iteration's warm-up."""
+    time is the run's training time less the first iteration's warm-up.  A slow server
+    (``slow_server``) is simulated for ``dist_psp`` with the job's servers and the blocks each
+    held (the servers' metrics); its delay is taken out of the measured round overhead, which
+    includes it.  Random late replies (``delay_replies``) are not simulated: no prediction."""
     from kvstore_ext import registry
+    from kvstore_ext.ps.faults import parse_slow_server
     from kvstore_ext.simulate import simulate
     for row in rows:
         cluster = row["cluster"]
-        faults = {"delay_replies", "slow_server"} & set(exp.cluster_options.get(cluster, {}))
-        if not exp.uses_devices(cluster) or faults:   # the simulator has no servers to slow
+        options = exp.cluster_options.get(cluster, {})
+        if not exp.uses_devices(cluster) or "delay_replies" in options:
             continue
         run = next(r for r in runs if r["cluster"] == cluster and r["paradigm"] == row["paradigm"]
                    and r["trial"] == row["median_trial"])
@@ -97,12 +101,24 @@ def predict(runs, rows, exp) -> None:
         if not simulated or not overheads:
             continue
         latency = statistics.median(overheads)
+        servers = {}
+        if "slow_server" in options:
+            blocks = run.get("server_blocks")
+            if store != "dist_psp" or not blocks or None in blocks:
+                continue
+            slow, seconds = parse_slow_server(options["slow_server"], exp.servers)
+            delays = [0.0] * exp.servers
+            delays[slow] = seconds
+            latency = max(0.0, latency - seconds)
+            servers = {"servers": exp.servers, "reply_delays": delays, "blocks": blocks}
         horizon = run["train_time_s"] - (run.get("warm_up_s") or 0.0) + latency
         result = simulate(store, run["params"] if store == run["kvstore"] else {}, None,
                           horizon, clocks=exp.device_clocks(cluster),
-                          release_latency=latency / exp.workers)
+                          release_latency=latency / exp.workers, **servers)
         row["simulated_iterations"] = [result.iterations[w] for w in sorted(result.iterations)]
         row["simulated_max_lead"] = result.max_lead_at_ok
+        if servers:
+            row["simulated_pushes_dropped"] = result.dropped
 
 
 def read_json(path):
@@ -115,8 +131,11 @@ def collect(workdir, exp, trial, cluster, paradigm, seconds) -> dict:
     workers = [read_json(os.path.join(workdir, f"worker-{r}.json")) for r in range(exp.workers)]
     w0 = workers[0]
     dssp, dropped, delayed = None, 0, 0
+    blocks = [None] * exp.servers   # blocks each server held, by rank
     for path in sorted(glob.glob(os.path.join(workdir, "metrics", "server-*.json"))):
         server = read_json(path)
+        if 0 <= server.get("server", -1) < exp.servers:
+            blocks[server["server"]] = server.get("blocks")
         dropped += server.get("pushes_dropped", 0)
         delayed += server.get("faults", {}).get("replies_delayed", 0)
         if "dssp" in server and dssp is None:
@@ -135,7 +154,7 @@ def collect(workdir, exp, trial, cluster, paradigm, seconds) -> dict:
             "final_accuracy": w0["test_accuracy"], "train_time_s": w0["wall_time_s"],
             # the job's running time: until its last worker finished training
             "running_time_s": max(w["wall_time_s"] for w in workers),
-            "pushes_dropped": dropped, "replies_delayed": delayed,
+            "pushes_dropped": dropped, "replies_delayed": delayed, "server_blocks": blocks,
             "train_start_wall": w0.get("train_start_wall"),
             "iterations": [w["steps"] for w in workers],
             "wait_share": sum(waits) / len(waits) if waits else None,
@@ -236,7 +255,8 @@ def table_columns(exp):
         cols += [("running time (s, mean)", "running_time_s", "{:.1f}"),
                  ("vs " + exp.paradigms[0].name, "running_vs_first", "{:.2f}x"),
                  ("test error (mean)", "test_error", "{:.4f}"),
-                 ("pushes dropped (mean)", "pushes_dropped", "{:.0f}")]
+                 ("pushes dropped (mean)", "pushes_dropped", "{:.0f}"),
+                 ("simulated pushes dropped", "simulated_pushes_dropped", "{}")]
     return cols
 
 

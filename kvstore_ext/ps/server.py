@@ -710,6 +710,7 @@ class Server:
 
     def stats(self) -> dict:
         out = self.metrics.to_dict()
+        out["blocks"] = len(self.slots)   # blocks of keys this server holds
         # messages refused before they were served, by reason (unauthenticated, replayed,
         # misaddressed, oversized), and authenticated ones that did not fit the schema
         out["rejected"] = {**self.codec.rejected, "malformed": self.malformed}

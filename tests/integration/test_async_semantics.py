@@ -49,6 +49,11 @@ def test_dist_asp_trains_and_is_as_stale_as_native_dist_async(run_job, workers, 
 
 
 def test_dist_ssp_with_staleness_0_trains_at_lr_0_05(run_job):
-    acc, st = run(run_job, 2, "dist_ssp", "--lr", "0.05", options=["--kv-param", "staleness=0"])
-    assert acc >= 0.93, acc
+    """lr 0.05 is near the edge of stability for this script: single seeds reached 0.933-0.9635
+    in quiet runs and 0.9295 once in a loaded suite run, so the bar is on the median of 3."""
+    runs = [run(run_job, 2, "dist_ssp", "--lr", "0.05", "--seed", str(seed),
+                options=["--kv-param", "staleness=0"]) for seed in (1, 2, 3)]
+    accuracies = [acc for acc, _ in runs]
+    assert np.median(accuracies) >= 0.93, accuracies
+    st = np.concatenate([s for _, s in runs])
     assert st.max() <= 1, np.bincount(st)   # s = 0: at most the other worker's one push

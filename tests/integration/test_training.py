@@ -46,10 +46,10 @@ def test_dist_bsp_equals_native_dist_sync(run_job, tmp_path):
                                             ("dist_dssp", ["--kv-param", "staleness_lower=1",
                                                            "--kv-param", "staleness_upper=4"])])
 def test_stock_gluon_trainer_reaches_95_percent(run_job, tmp_path, kvstore, params):
-    """4 epochs: after 3, dist_asp reached 0.96-0.97 in quiet runs but 0.9475 once on a loaded
-    machine (staleness grows with load); the bar stays at 0.95."""
+    """5 epochs.  After 4, dist_dssp (s in [1, 4]) reached 0.955-0.9725 over 3 quiet seeds but
+    0.9485 once in a loaded suite run; after 5, 0.9685-0.974 (the bar stays at 0.95)."""
     out = str(tmp_path / "result-{rank}.json")
-    code, log = run_job(2, 1, [TRAIN, "--kvstore", kvstore, "--epochs", "4", "--out", out], *params)
+    code, log = run_job(2, 1, [TRAIN, "--kvstore", kvstore, "--epochs", "5", "--out", out], *params)
     assert code == 0, log[-3000:]
     for rank in range(2):
         result = read_json(out.replace("{rank}", str(rank)))

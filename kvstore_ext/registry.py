@@ -25,6 +25,7 @@ from typing import Callable
 from .horovod.params import dcs3gd_params
 from .jobenv import PLUGINS, STORE_PARAMS, params_from_env
 from .policies import ASPPolicy, BSPPolicy, DSSPPolicy, SSPPolicy, SyncPolicy, check_staleness
+from .policies.pool import PoolConfig, PoolPolicy
 from .policies.psp import PartialPushPolicy, check_psp_params, resolve_min_pushes
 
 #: the runtimes a store type can run on
@@ -244,6 +245,13 @@ register(StoreType(
     examples=(("DSSP 3..15", {"staleness_lower": 3, "staleness_upper": 15}),
               ("DSSP 3..15 pub", {"staleness_lower": 3, "staleness_upper": 15,
                                   "rule": "published"}))))
+register(StoreType(
+    "dist_pool", "Adaptable Asynchrony: asynchronous updates from a pool of workers whose size "
+    "follows a schedule (progressive, dynamic, scripted), with the learning rate, batch size or "
+    "momentum tuned to it.", params=PoolConfig.PARAMS,
+    check=lambda params: PoolConfig.from_params(params).to_params(), asynchronous=True,
+    policy=lambda workers, params, record: PoolPolicy(workers, PoolConfig.from_params(params)),
+    examples=(("pool progressive", {"pool": "progressive"}),)))
 register(StoreType(
     "dist_psp", "Partial push and partial pull (PSP-SGD).",
     params=("min_pushes", "min_pull_fraction", "push_timeout", "pull_timeout"),

@@ -107,8 +107,10 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
         at += latency + release_latency * together
         heapq.heappush(events, (at + step_time(worker, at), seq, worker))
 
+    waiting_first = getattr(policy, "parked", set())   # outside a worker pool at the start
     for w in range(n):
-        start(w, 0.0, 0)
+        if w not in waiting_first:
+            start(w, 0.0, 0)
     while events and events[0][0] <= horizon:
         now, _, worker = heapq.heappop(events)
         iterations[worker] += 1
@@ -118,7 +120,7 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
         for released, lead in decision.released:
             max_lead = max(max_lead, lead)
             leads.append(lead)
-            wait[released] += now - pushed_at[released]
+            wait[released] += now - pushed_at.get(released, 0.0)   # a pool's late starter
             start(released, now, len(decision.released))
     return SimResult(iterations, wait, max_lead, decisions, horizon, leads)
 

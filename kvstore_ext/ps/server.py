@@ -95,11 +95,12 @@ class Slot:
 class Pending:
     """A request that waits for OK on some of its slots."""
 
-    __slots__ = ("ident", "seq", "worker", "slots", "outstanding", "with_values")
+    __slots__ = ("ident", "seq", "worker", "slots", "outstanding", "with_values", "extra")
 
     def __init__(self, ident, seq, worker, slots, with_values):
         self.ident, self.seq, self.worker = ident, seq, worker
         self.slots, self.outstanding, self.with_values = slots, len(slots), with_values
+        self.extra = None   # what the reply tells the worker besides OK (a pool's batch size)
 
 
 class InitWait:
@@ -133,6 +134,8 @@ class Server:
         self.init_seen: dict[tuple, set] = {}   # (key, block) -> workers that initialised it
         self.updater = None
         self.delay_aware = False   # the optimizer is applied push by push with its delay
+        self.base_hyper: dict = {}   # the optimizer's lr and momentum as the workers set them
+        self._pool_slot = None
         self.optimizer_blob: bytes | None = None
         self.failure: str | None = None
         self.failure_kind = "error"
@@ -225,7 +228,8 @@ class Server:
             self.sent_weights(slot, p.worker)
         # one reply carries every block: it is as late as its latest block
         late = max(self._lateness(len(values)), default=0.0)
-        self._send_later(p, {"op": Op.REPLY, "seq": p.seq, "ok": True}, values, late)
+        self._send_later(p, {"op": Op.REPLY, "seq": p.seq, "ok": True, **(p.extra or {})},
+                         values, late)
 
     def send_part(self, p, indices) -> None:
         """Some blocks of a partial pull (``dist_psp``), with their versions; a block the fault
@@ -534,7 +538,16 @@ class Server:
             slot = self._slot(item)
             self._check_block(slot, item[DTYPE], item[SIZE], "pulled")
             slots.append(slot)
-        self.reply_values(Pending(ident, header["seq"], worker, slots, True))
+        pending = Pending(ident, header["seq"], worker, slots, True)
+        # a worker outside a pool's active set waits at its pull until the pool takes it in
+        waiting = [s for s in slots if worker in getattr(s.policy, "parked", ())]
+        for slot in waiting:
+            slot.waiting.setdefault(worker, deque()).append(pending)
+        pending.outstanding = len(waiting)
+        if not waiting:
+            if self.pool_slot is not None:
+                pending.extra = self.pool_assignment(worker)
+            self.reply_values(pending)
 
     def op_push(self, ident, header, buffers) -> None:
         worker = header["worker"]
@@ -619,10 +632,12 @@ class Server:
                 p = queue.popleft()
                 p.outstanding -= 1
                 if p.outstanding == 0:
+                    if self.pool_slot is not None:
+                        p.extra = self.pool_assignment(p.worker, slot.policy)
                     if p.with_values:
                         self.reply_values(p)
                     else:
-                        self.reply(p.ident, p.seq, worker=p.worker)
+                        self.reply(p.ident, p.seq, p.extra, worker=p.worker)
 
     def apply(self, slots, pusher=None) -> None:
         """One optimizer call for ``slots``; ``pusher``: the (worker, delay) of the one push
@@ -632,6 +647,8 @@ class Server:
                 slot.grad._sync_copyfrom(slot.acc)
             self.metrics.pushes_applied += slot.gathered
             slot.gathered = 0
+        if self.pool_slot is not None and self.updater is not None:
+            self.tune_optimizer()
         if self.updater is not None and pusher is not None:
             worker, delay = pusher
             for slot in slots:
@@ -655,6 +672,33 @@ class Server:
             self.updater.states_synced[slot.key] = True
         return states[slot.key]
 
+    # -- a worker pool (dist_pool): the server owns the learning rate and the batch sizes ----
+    @property
+    def pool_slot(self):
+        """A slot whose policy runs a worker pool (every slot's pool sees the same pushes, so
+        any one speaks for all), or None."""
+        if self._pool_slot is None and self.row.name == "dist_pool" and self.slots:
+            self._pool_slot = next(iter(self.slots.values()))
+        return self._pool_slot
+
+    def pool_assignment(self, worker: int, policy=None) -> dict:
+        """What a worker is told with its OK (by ``policy``, the pool of the slot that let it
+        go): its next batch size (0: the budget is spent, stop), the pool's size and the
+        learning rate the server now applies."""
+        policy = policy or self.pool_slot.policy
+        lr = self.base_hyper.get("lr")
+        return {"batch_size": policy.next_batch(worker), "pool": policy.pool.size,
+                "lr": None if lr is None else lr * policy.pool.lr_scale()}
+
+    def tune_optimizer(self) -> None:
+        """Set the optimizer's learning rate (and momentum, for "m-") to the pool's size."""
+        pool = self.pool_slot.policy.pool
+        opt = self.updater.optimizer
+        if self.base_hyper.get("lr") is not None:
+            opt.lr = self.base_hyper["lr"] * pool.lr_scale()
+        if self.base_hyper.get("momentum") is not None:
+            opt.momentum = pool.momentum(self.base_hyper["momentum"])
+
     def sent_weights(self, slot: Slot, worker: int) -> None:
         """``worker`` is being sent ``slot``'s weights at its current version."""
         slot.pulled[worker] = slot.version
@@ -670,6 +714,9 @@ class Server:
             raise RequestError(problem)
         self.updater = mx.optimizer.get_updater(optimizer)
         self.delay_aware = needs_delay(optimizer)
+        # a pool tunes these from the values the workers set (a scheduler keeps its own lr)
+        self.base_hyper = {"lr": None if optimizer.lr_scheduler else optimizer.lr,
+                           "momentum": getattr(optimizer, "momentum", None)}
 
     def op_set_optimizer(self, ident, header, buffers) -> None:
         blob = bytes(buffers[0])

@@ -61,6 +61,9 @@ class ParameterServerStore(KVStoreBase):
         self._updater = None           # gluon.Trainer.load_states reads _updater.optimizer
         self._metrics = WorkerMetrics()
         self._deferred_error: Exception | None = None
+        #: a worker pool's last word to this worker (``dist_pool``): ``batch_size`` of its
+        #: next step (0: stop), the pool's size, the learning rate the servers apply
+        self.pool_assignment: dict | None = None
         coalesce = os.environ.get("KVX_COALESCE", "1") != "0"
         self._coalescer = Coalescer(self._conn.send) if coalesce else None
 
@@ -337,7 +340,9 @@ class ParameterServerStore(KVStoreBase):
         for server, (_, _, where) in plan.items():
             if server not in replies:
                 continue
-            _, buffers = replies[server]
+            header, buffers = replies[server]
+            if header and "batch_size" in header:   # a worker pool's assignment (dist_pool)
+                self.pool_assignment = {k: header[k] for k in ("batch_size", "pool", "lr")}
             for b, buf in zip(where, buffers):
                 if buf is not None:
                     dtype = self._meta[b.key][1]

@@ -44,7 +44,7 @@ def test_psp_parameters_are_checked_as_the_store_checks_them():
 
 def test_every_simulated_paradigm_comes_from_the_registry():
     stores = {store for store, _ in paradigms().values()}
-    assert stores == {"dist_bsp", "dist_asp", "dist_ssp", "dist_dssp", "dist_psp"}
+    assert stores == {"dist_bsp", "dist_asp", "dist_ssp", "dist_dssp", "dist_psp", "dist_pool"}
     assert {label for label, (store, _) in paradigms(["dist_psp"]).items()} == {
         "PSP c=n", "PSP c=0.75n"}
 

@@ -79,7 +79,7 @@ def test_store_config_validates_type_and_parameters():
 
 
 def test_create_rejects_bad_input_before_touching_the_network():
-    with pytest.raises(ValueError, match="dist_asp, dist_bsp, dist_dcs3gd, dist_dssp, dist_psp, dist_ssgd, dist_ssp"):
+    with pytest.raises(ValueError, match="dist_asp, dist_bsp, dist_dcs3gd, dist_dssp, dist_pool, dist_psp, dist_ssgd, dist_ssp"):
         kvstore_ext.create("dist_foo")
     with pytest.raises(ValueError, match="staleness"):
         kvstore_ext.create("dist_ssp", staleness=-3)

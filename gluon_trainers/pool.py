@@ -65,11 +65,15 @@ def join_pool(trainer, net, kv) -> dict:
 
 
 def train_in_pool(net, trainer, kv, batches: PoolBatches, loss_fn, on_step=None,
-                  max_steps: int = 0) -> list[dict]:
+                  max_steps: int = 0, device=None, device_batch: int = 0) -> list[dict]:
     """Take the batch size the pool says, one step at a time, until it says 0.
 
+    ``device``: an emulated device (:mod:`gluon_trainers.straggler`, ``begin``/``end``); a
+    step's device time is its profile's for ``device_batch`` samples, scaled to the batch.
+    ``on_step(record)`` is called after each step (worker 0 evaluates there).
     Returns one record per step: when it started and ended (wall clock), the batch size,
-    the pool's size and learning rate the step was taken under.
+    the pool's size and learning rate the step was taken under, and the servers' update
+    count when the step was let go.
     """
     assignment = join_pool(trainer, net, kv)
     log = []
@@ -79,16 +83,20 @@ def train_in_pool(net, trainer, kv, batches: PoolBatches, loss_fn, on_step=None,
         size = assignment["batch_size"]
         start = time.time()
         x, y = batches.take(size)
+        if device is not None:
+            device.begin()
         with autograd.record():
             loss = loss_fn(net(x), y)
             scaled = loss * (first / size) if size != first else loss
         scaled.backward()
+        if device is not None:
+            device.end(size / device_batch if device_batch else 1.0)
         trainer.step(first)
         for param in params:          # the reply brings the weights and the next assignment
             param.data().wait_to_read()
         record = {"start": start, "end": time.time(), "batch_size": size,
                   "pool": assignment["pool"], "lr": assignment["lr"],
-                  "loss": float(loss.mean().asscalar())}
+                  "updates": assignment.get("updates"), "loss": float(loss.mean().asscalar())}
         log.append(record)
         if on_step is not None:
             on_step(record)

@@ -175,11 +175,12 @@ class EmulatedDevice(_LoopTimer):
         if self._t0 is None:
             self._t0 = self._started
 
-    def end(self) -> float:
-        """After backward: wait for the gradients, then sleep the rest of the device time."""
+    def end(self, scale: float = 1.0) -> float:
+        """After backward: wait for the gradients, then sleep the rest of the device time
+        (times ``scale``: a batch ``scale`` times the profile's, as a worker pool sets)."""
         started, host = self._end()
         start = started - self._t0
-        device = self.clock.next_time(start)
+        device = self.clock.next_time(start) * scale
         extra = max(0.0, device - host)
         if extra > 0:
             self._sleep(extra)

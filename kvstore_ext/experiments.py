@@ -312,3 +312,32 @@ def summarise(runs: list[dict], targets: list[float]) -> list[dict]:
             base = bsp[f"time_to_{target}"] if bsp else None
             row[f"vs_bsp_{target}"] = mine / base if mine is not None and base else None
     return rows
+
+
+# -- validation curves (the Adaptable Asynchrony experiments) -----------------------------------
+
+def early_stop(losses: list[float], patience: int) -> tuple[int, int]:
+    """``(stop, best)`` indices of early stopping on a validation-loss curve: training stops at
+    the first measurement ``patience`` after the lowest so far (or at the end), and keeps the
+    weights of the lowest measurement up to there."""
+    if not losses:
+        raise ValueError("early stopping needs at least one validation measurement")
+    if patience < 1:
+        raise ValueError(f"patience must be >= 1 measurement, got {patience}")
+    low = 0
+    for i, loss in enumerate(losses):
+        if loss < losses[low]:
+            low = i
+        if i - low >= patience:
+            return i, low
+    return len(losses) - 1, low
+
+
+def pool_spikes(losses: list[float], pools: list[int], window: int = 3) -> list[float]:
+    """For every change of the pool's size between two measurements: how far the validation
+    loss rose above its last value before the change, at most ``window`` measurements after
+    (negative: it kept falling)."""
+    if len(losses) != len(pools):
+        raise ValueError(f"{len(losses)} losses but {len(pools)} pool sizes")
+    return [max(losses[i:i + window]) - losses[i - 1]
+            for i in range(1, len(losses)) if pools[i] != pools[i - 1]]

@@ -128,6 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "e.g. 1:0.5; off by default")
     p.add_argument("--fault-seed", type=int, default=0,
                    help="seed of the fault injection draws, so runs are reproducible (default 0)")
+    p.add_argument("--job-file", type=str, metavar="PATH",
+                   help="write what a worker needs to join this running job (the scheduler's "
+                        "address, the job's secret and settings) to PATH, readable by you only; "
+                        "removed when the job ends. Asynchronous stores only (dist_asp, "
+                        "dist_ssp, dist_dssp, dist_pool)")
+    p.add_argument("--join", type=str, metavar="PATH",
+                   help="start -n more workers in the running job whose --job-file is PATH: "
+                        "each gets the next free rank and the current weights; the store and "
+                        "its parameters are the job's (local launcher)")
     p.add_argument("--metrics-dir", type=str,
                    help="each worker and server writes its metrics here as JSON at the end")
     p.add_argument("--timeout", type=float, default=0,

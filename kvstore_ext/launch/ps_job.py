@@ -4,6 +4,7 @@ mpirun (``launch.py``'s default).  With ``--backend mxnet`` it starts MXNet's ow
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shlex
@@ -25,6 +26,10 @@ class Job:
         self.args = args
         if args.num_workers < 1:
             raise SystemExit("launch.py: -n must be at least 1")
+        if getattr(args, "join", None) and (args.backend != "kvstore_ext" or
+                                            (args.launcher or "local") != "local"):
+            raise SystemExit("launch.py: --join starts workers on this machine, for a "
+                             "kvstore_ext job (--launcher local, --backend kvstore_ext)")
         self.num_servers = args.num_servers if args.num_servers is not None else args.num_workers
         if self.num_servers < 1:
             raise SystemExit("launch.py: -s must be at least 1")
@@ -156,9 +161,45 @@ class Job:
         return int(line.split("=", 1)[1])
 
     def start(self) -> None:
+        if getattr(self.args, "join", None):
+            return self.start_joining()
         sched_port = self.start_scheduler()
-        for node in self.plan(sched_port):
+        nodes = self.plan(sched_port)
+        if getattr(self.args, "job_file", None):
+            self.write_job_file(next(n for n in nodes if n.is_worker).env)
+        for node in nodes:
             self.supervisor.spawn(node)
+
+    def write_job_file(self, worker_env: dict) -> None:
+        """What a worker needs to join: the job's variables (with its secret), for its owner
+        only, written where nobody else can have opened it first."""
+        path = self.args.job_file
+        job = {k: v for k, v in worker_env.items()
+               if k.startswith("KVX_") and k != jobenv.WORKER_RANK}
+        if os.path.exists(path):
+            os.unlink(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"env": job}, f)
+
+    def remove_job_file(self) -> None:
+        path = getattr(self.args, "job_file", None)
+        if path and not getattr(self.args, "join", None) and os.path.exists(path):
+            os.unlink(path)
+
+    def start_joining(self) -> None:
+        """Start -n workers that join the running job of ``--join PATH``."""
+        try:
+            with open(self.args.join) as f:
+                job = json.load(f)["env"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise SystemExit(f"launch.py: --join {self.args.join}: not a job file ({exc})") \
+                from None
+        for i in range(self.args.num_workers):
+            env = {k: v for k, v in os.environ.items()
+                   if not k.startswith("DMLC_") and k not in jobenv.IDENTITY_VARIABLES}
+            env.update(job)
+            self.supervisor.spawn(Node(f"worker (joining) {i}", list(self.command), env))
 
     def dry_run(self) -> None:
         self.native_port = self.args.scheduler_port or 9091
@@ -171,4 +212,4 @@ class Job:
         if self.args.dry_run:
             self.dry_run()
             return 0
-        return self.supervisor.run(self.start)
+        return self.supervisor.run(self.start, cleanup=self.remove_job_file)

@@ -8,6 +8,7 @@ class ASPPolicy(SyncPolicy):
     """Apply every push at once and OK it at once; leads are tracked only for metrics."""
 
     name = "dist_asp"
+    joinable = True
 
     def on_push(self, worker: int, now: float) -> Decision:
         self._check_member(worker)

@@ -65,6 +65,16 @@ class SyncPolicy:
         """A worker left the job: it must no longer hold the others back."""
         raise NotImplementedError
 
+    #: whether a worker may join the running job (:meth:`add_worker`)
+    joinable = False
+
+    def add_worker(self, worker: int, now: float) -> Decision:
+        """A worker joined the running job: it starts at the minimum clock (no lead)."""
+        if not self.joinable:
+            raise PolicyError(f"{self.name} does not take workers into a running job")
+        self.clocks.add(worker)
+        return Decision()
+
     def report(self, wall_offset: float = 0.0) -> dict:
         """What the model has to say in the server's metrics, by section name (none here).
 

@@ -37,6 +37,18 @@ class ClockTable:
         self._raise_min()
         return new
 
+    def add(self, worker: int) -> int:
+        """A worker joins the running job at the minimum clock (it holds nobody back and is
+        not ahead of anyone); returns that clock."""
+        if worker in self.clock:
+            raise ValueError(f"worker {worker} is already a member")
+        start = self.min if self.clock else 0
+        self.clock[worker] = start
+        self._at.setdefault(start, set()).add(worker)
+        if not len(self.clock) > 1:
+            self.min = self.max = start
+        return start
+
     def remove(self, worker: int) -> None:
         """Forget a worker that left the job (its clock no longer holds others back)."""
         old = self.clock.pop(worker)

@@ -178,6 +178,11 @@ class DSSPPolicy(BoundedLeadPolicy):
             else:   # it pushed on since: check again when the minimum catches up
                 heapq.heappush(self._expiry, (self.clocks.clock[worker] - self.lower, worker))
 
+    def add_worker(self, worker: int, now: float) -> Decision:
+        decision = super().add_worker(worker, now)
+        self.push_times[worker] = (None, None)
+        return decision
+
     def _forget(self, worker: int) -> None:
         self.extension.pop(worker, None)
         self.extra_oks.pop(worker, None)

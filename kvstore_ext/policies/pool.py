@@ -217,6 +217,12 @@ class WorkerPool:
     def done(self) -> bool:
         return self.budget is not None and self.samples >= self.budget
 
+    def add_worker(self) -> None:
+        """One more worker in the job: the pool's maximum follows, unless ``pool_max`` is set."""
+        self.job_workers += 1
+        if not self.config.max_workers:
+            self.max = self.job_workers
+
     def active(self, live) -> list[int]:
         """The workers that may compute now: the ``size`` lowest live ranks."""
         return sorted(live)[:self.size]
@@ -298,6 +304,18 @@ class PoolPolicy(SyncPolicy):
         self.clocks.tick(worker)
         self.pool.advance(self.assigned[worker])
         decision = Decision(apply=True)
+        self.parked.add(worker)
+        self._release(decision)
+        return decision
+
+    joinable = True
+
+    def add_worker(self, worker: int, now: float) -> Decision:
+        """A worker joins: it waits at its first pull until it is one of the pool's lowest
+        ranks (a pool without ``pool_max`` may now grow to it)."""
+        decision = super().add_worker(worker, now)
+        self.pool.add_worker()
+        self.assigned[worker] = self.pool.batch_size()
         self.parked.add(worker)
         self._release(decision)
         return decision

@@ -25,6 +25,8 @@ class BoundedLeadPolicy(SyncPolicy):
     slower workers' pushes raise the minimum clock to its threshold.
     """
 
+    joinable = True
+
     def __init__(self, workers):
         super().__init__(workers)
         self.room = WaitingRoom()

@@ -14,7 +14,10 @@ names one block of one key.  Its fields by op:
 others         no items (``set_optimizer``, ``set_states``: one buffer)
 =============  ==========================================================
 
-Replies are ``{"op": "reply", "seq", "ok", ...}`` with the values as buffers.  Between
+Replies are ``{"op": "reply", "seq", "ok", ...}`` with the values as buffers; a
+``dist_pool`` server adds ``batch_size`` (the worker's next, 0: stop), ``pool`` (its size),
+``lr`` (the rate it applies) and ``updates`` (pushes applied) to every reply that lets a worker
+go.  Between
 nodes and the scheduler: ``register``, ``heartbeat``, ``barrier``, ``finalize`` one way;
 ``ack``, ``ok``, ``topology``, ``abort``, ``node_dead``, ``node_left``, ``shutdown`` the other.
 
@@ -56,6 +59,7 @@ class Op:
     ABORT = "abort"
     NODE_DEAD = "node_dead"
     NODE_LEFT = "node_left"
+    NODE_JOINED = "node_joined"   # a worker joined the running job (asynchronous stores)
     SHUTDOWN = "shutdown"
 
 

@@ -28,6 +28,8 @@ from .transport import AuthError, Codec, Limits, configure, new_context, recv_me
 from .protocol import SCHEDULER_OPS, Op
 
 ROLES = ("worker", "server")
+#: the most worker ranks a job hands out, joiners included (each costs every node some state)
+MAX_WORKERS = 1024
 OPS = SCHEDULER_OPS
 
 log = logging.getLogger("kvstore_ext.scheduler")
@@ -203,8 +205,7 @@ class Scheduler:
             raise ValueError("register without a node name")
         header["_fd"] = fd
         if self.started:
-            self.send(ident, {"op": Op.ABORT, "error": "the job has already started; "
-                              "late nodes cannot join"}, node)
+            self.join(ident, header, node)
             return
         if header.get("role") == "worker":
             store = header.get("store")
@@ -246,6 +247,7 @@ class Scheduler:
         ranks = [h if h is not None else next(free) for h in hints]
         server_addrs = [f"tcp://{h['host']}:{h['port']}" for _, h in servers]
         now = time.monotonic()
+        self.server_addrs = server_addrs
         common = {"op": Op.TOPOLOGY, "num_workers": self.num_workers,
                   "num_servers": self.num_servers, "servers": server_addrs,
                   "store": self.store, "on_worker_death": self.on_worker_death}
@@ -261,6 +263,41 @@ class Scheduler:
         self.started = True
         log.info("job started: %d workers, %d servers, %s", self.num_workers, self.num_servers,
                  describe(self.store))
+
+    def join(self, ident: bytes, header: dict, node: str) -> None:
+        """A worker registering after the start joins the running job, if its store is one
+        whose servers take a new worker (the asynchronous ones: each key's policy starts it at
+        the minimum clock); it gets the next free rank.  Anything else is refused by name."""
+        problem = None
+        store = header.get("store")
+        if header.get("role") != "worker" or self.failure:
+            problem = ("the job has already started; a server cannot join it" if
+                       header.get("role") == "server" else f"the job failed: {self.failure}")
+        elif store != self.store:
+            problem = (f"the job runs {describe(self.store)}; a worker with {describe(store)} "
+                       f"cannot join it")
+        elif not joinable(self.store):
+            problem = (f"{describe(self.store)} does not take workers into a running job "
+                       f"(only asynchronous stores do: dist_asp, dist_ssp, dist_dssp, dist_pool)")
+        elif header.get("rank_hint") is not None:
+            problem = f"a joining worker gets a fresh rank; it asked for {header['rank_hint']!r}"
+        elif self.num_workers >= MAX_WORKERS:
+            problem = f"the job has handed out {MAX_WORKERS} worker ranks, the most it takes"
+        if problem:
+            self.send(ident, {"op": Op.ABORT, "error": problem}, node)
+            return
+        rank = self.num_workers
+        self.num_workers += 1
+        self.nodes[("worker", rank)] = {"ident": ident, "state": "live",
+                                        "last_seen": time.monotonic()}
+        self._watch(header["_fd"], ("worker", rank))
+        # the servers first, so that they know the rank when its first request comes
+        self.broadcast({"op": Op.NODE_JOINED, "role": "worker", "rank": rank}, roles=("server",))
+        self.send(ident, {"op": Op.TOPOLOGY, "num_workers": self.num_workers,
+                          "num_servers": self.num_servers, "servers": self.server_addrs,
+                          "store": self.store, "on_worker_death": self.on_worker_death,
+                          "rank": rank, "joined": True}, node)
+        log.info("worker %d joined the job", rank)
 
     def _watch(self, fd, key) -> None:
         if fd is not None and fd >= 0:
@@ -307,6 +344,16 @@ class Scheduler:
             for ident, rank in self.barrier_waiting:
                 self.send(ident, {"op": Op.OK}, f"worker:{rank}")
             self.barrier_waiting = []
+
+
+def joinable(store: dict | None) -> bool:
+    """Whether the servers of ``store`` take a worker into a running job."""
+    from ..registry import STORES
+    row = STORES.get((store or {}).get("type"))
+    if row is None or row.policy is None:
+        return False
+    return bool(getattr(row.make_policy([0], row.check(store.get("params") or {})),
+                        "joinable", False))
 
 
 def describe(store: dict | None) -> str:

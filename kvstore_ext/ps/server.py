@@ -136,6 +136,7 @@ class Server:
         self.delay_aware = False   # the optimizer is applied push by push with its delay
         self.base_hyper: dict = {}   # the optimizer's lr and momentum as the workers set them
         self._pool_slot = None
+        self.joined: set[int] = set()   # workers that joined the running job
         self.optimizer_blob: bytes | None = None
         self.failure: str | None = None
         self.failure_kind = "error"
@@ -393,6 +394,8 @@ class Server:
                 self.remove_worker(rank)
         elif op == Op.NODE_LEFT and header["role"] == "worker":
             self.remove_worker(header["rank"])
+        elif op == Op.NODE_JOINED and header["role"] == "worker":
+            self.add_worker(header["rank"])
         elif op == Op.ABORT:
             self.fail(str(header["error"]), kind="aborted")
         elif op == Op.SHUTDOWN:
@@ -420,6 +423,21 @@ class Server:
         self.init_waiting = []
         if self.handler is not None:
             self.handler.fail(message)
+
+    def add_worker(self, rank: int) -> None:
+        """A worker joined the running job (the scheduler allows it for the stores whose
+        policies take one): it gets a fresh rank and starts at the minimum clock; its init
+        of keys that exist returns at once, and its first pull brings the current weights."""
+        if type(rank) is not int or rank < self.num_workers or rank in self.members:
+            raise ValueError(f"worker {rank!r} cannot join: ranks below {self.num_workers} "
+                             f"are taken")
+        self.num_workers = rank + 1
+        self.members.add(rank)
+        self.joined.add(rank)
+        now = time.monotonic()
+        decisions = [(slot, slot.policy.add_worker(rank, now)) for slot in self.slots.values()]
+        log.info("server %d: worker %d joined the job", self.rank, rank)
+        self.carry_out(decisions)
 
     def remove_worker(self, rank: int) -> None:
         if rank not in self.members:
@@ -688,7 +706,8 @@ class Server:
         policy = policy or self.pool_slot.policy
         lr = self.base_hyper.get("lr")
         return {"batch_size": policy.next_batch(worker), "pool": policy.pool.size,
-                "lr": None if lr is None else lr * policy.pool.lr_scale()}
+                "lr": None if lr is None else lr * policy.pool.lr_scale(),
+                "updates": policy.pool.updates}
 
     def tune_optimizer(self) -> None:
         """Set the optimizer's learning rate (and momentum, for "m-") to the pool's size."""
@@ -720,7 +739,9 @@ class Server:
 
     def op_set_optimizer(self, ident, header, buffers) -> None:
         blob = bytes(buffers[0])
-        if blob != self.optimizer_blob:
+        if self.optimizer_blob is not None and header["worker"] in self.joined:
+            pass   # a worker that joined runs with the job's optimizer and its states
+        elif blob != self.optimizer_blob:
             optimizer = pickle.loads(blob)   # authenticated by the job secret (see transport)
             if getattr(optimizer, "aggregate_num", 0) > 0:
                 # a server updates many keys at once: fuse more of them per kernel call

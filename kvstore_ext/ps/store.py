@@ -342,7 +342,8 @@ class ParameterServerStore(KVStoreBase):
                 continue
             header, buffers = replies[server]
             if header and "batch_size" in header:   # a worker pool's assignment (dist_pool)
-                self.pool_assignment = {k: header[k] for k in ("batch_size", "pool", "lr")}
+                self.pool_assignment = {k: header.get(k) for k in ("batch_size", "pool", "lr",
+                                                                   "updates")}
             for b, buf in zip(where, buffers):
                 if buf is not None:
                     dtype = self._meta[b.key][1]

@@ -188,3 +188,23 @@ def test_everyone_waiting_is_let_go_with_batch_0_when_the_budget_is_spent():
     decision = policy.on_push(0, 0.2)                    # 150 samples: 2 and 3 never started
     assert sorted(w for w, _ in decision.released) == [0, 2, 3]
     assert policy.next_batch(0) == 0 and policy.next_batch(3) == 0
+
+
+# -- reading the experiments' validation curves --------------------------------------------------
+
+def test_early_stop_stops_patience_measurements_after_the_lowest():
+    from kvstore_ext.experiments import early_stop
+    losses = [1.0, 0.8, 0.6, 0.65, 0.7, 0.5, 0.55, 0.56, 0.57, 0.58, 0.4]
+    assert early_stop(losses, 2) == (4, 2)          # 0.6 at 2, no lower by 4: stop there
+    assert early_stop(losses, 3) == (8, 5)          # 0.5 at 5 came in time; none lower by 8
+    assert early_stop(losses, 5) == (10, 10)        # never 5 without a new low: to the end
+    with pytest.raises(ValueError, match="patience must be >= 1"):
+        early_stop(losses, 0)
+
+
+def test_pool_spikes_measure_the_rise_after_each_change():
+    from kvstore_ext.experiments import pool_spikes
+    losses = [1.0, 0.9, 1.3, 1.1, 0.8, 0.7, 0.6]
+    pools = [2, 2, 4, 4, 4, 8, 8]
+    assert pool_spikes(losses, pools) == pytest.approx([1.3 - 0.9, 0.7 - 0.8])
+    assert pool_spikes([1.0, 0.5], [2, 2]) == []

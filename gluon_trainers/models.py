@@ -38,6 +38,25 @@ def alexnet_small(classes: int = 10) -> nn.HybridSequential:
     return net
 
 
+def small_vgg(classes: int = 10) -> nn.HybridSequential:
+    """The Adaptable Asynchrony dissertation's small VGG-like network (its section 4.1):
+    normalisation, two 3x3 convolutions of 32 then two of 64 filters, each pair ending in a
+    2x2 max pooling and dropout 0.1, a dense layer of 512, the output."""
+    net = nn.HybridSequential()
+    with net.name_scope():
+        net.add(nn.BatchNorm(momentum=0.9),
+                nn.Conv2D(32, kernel_size=3, padding=1, activation="relu"),
+                nn.Conv2D(32, kernel_size=3, padding=1, activation="relu"),
+                nn.MaxPool2D(pool_size=2), nn.Dropout(0.1),
+                nn.Conv2D(64, kernel_size=3, padding=1, activation="relu"),
+                nn.Conv2D(64, kernel_size=3, padding=1, activation="relu"),
+                nn.MaxPool2D(pool_size=2), nn.Dropout(0.1),
+                nn.Flatten(),
+                nn.Dense(512, activation="relu"),
+                nn.Dense(classes))
+    return net
+
+
 def cifar_resnet50_v1(classes: int = 10):
     """The DSSP paper's "ResNet-50" for CIFAR: MXNet's CIFAR ResNet with 50 layers (6n+2, n=8),
     which GluonCV builds but does not name in its model zoo."""
@@ -45,7 +64,8 @@ def cifar_resnet50_v1(classes: int = 10):
     return get_cifar_resnet(1, 50, classes=classes)
 
 
-MODELS = {"lenet": lenet, "alexnet_small": alexnet_small, "cifar_resnet50_v1": cifar_resnet50_v1}
+MODELS = {"lenet": lenet, "alexnet_small": alexnet_small, "small_vgg": small_vgg,
+          "cifar_resnet50_v1": cifar_resnet50_v1}
 
 
 def forward_macs(net, input_shape) -> int:

@@ -83,7 +83,8 @@ def plan(config: dict, names: list[str], seeds: int | None, quick: bool):
 
 def run_one(config, settings, seed: int, workdir: str) -> dict:
     kv = settings["kv"]
-    options = ["--device", str(config["device"]), "--metrics-dir", os.path.join(workdir, "m")]
+    options = ["--device", str(settings.get("device", config["device"])),
+               "--metrics-dir", os.path.join(workdir, "m")]
     for k, v in kv.items():
         options += ["--kv-param", f"{k}={v}"]
     args = [SCRIPT, "--seed", str(seed), "--out", os.path.join(workdir, "w-{rank}.json")]
@@ -137,9 +138,20 @@ def table(runs: list[dict], name: str, patience: int) -> list[dict]:
             row[key] = statistics.median(values) if values else None
             row[key + "_all"] = values
         row["train_time_s"] = statistics.median(r["train_time_s"] for r in mine)
+        row["runs"] = mine
         shares = [h for r in mine for h in r["host_share"] if h is not None]
         row["host_share_max"] = max(shares) if shares else None
         rows.append(row)
+    # time to the first variant's (median) lowest loss: the same minimum, how much sooner
+    target = rows[0]["min_val_loss"] if rows else None
+    for row in rows:
+        times = [next((p["time_s"] for p in r["curve"] if p["val_loss"] <= target), None)
+                 for r in row.pop("runs")] if target is not None else []
+        reached = [t for t in times if t is not None]
+        row["target_loss"] = target
+        row["time_to_target_s"] = statistics.median(reached) if len(reached) * 2 > len(times) \
+            else None
+        row["reached_target"] = f"{len(reached)}/{len(times)}"
     return rows
 
 
@@ -147,6 +159,8 @@ COLUMNS = [("variant", "variant", "{}"), ("seeds", "seeds", "{}"),
            ("lowest val loss", "min_val_loss", "{:.4f}"),
            ("at update", "updates_at_min", "{:.0f}"), ("at time (s)", "time_at_min_s", "{:.1f}"),
            ("early stop (s)", "stop_time_s", "{:.1f}"),
+           ("time to 1st row's lowest (s)", "time_to_target_s", "{:.1f}"),
+           ("reached", "reached_target", "{}"),
            ("test acc (best weights)", "best_test_accuracy", "{:.4f}"),
            ("final val loss", "final_val_loss", "{:.4f}"),
            ("largest spike", "largest_spike", "{:.4f}"),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train LeNet on the MNIST digits with a worker pool (Adaptable Asynchrony, ``dist_pool``).
+"""Train LeNet (or --model) on the MNIST digits with a worker pool (Adaptable Asynchrony, ``dist_pool``).
 
 Run it through launch.py; the pool is set with the store's parameters:
 
@@ -38,6 +38,9 @@ def parse_args(argv=None):
                    help="the learning rate at the pool's starting size (default 0.004)")
     p.add_argument("--momentum", type=float, default=None,
                    help="momentum, for optimizers that take one (the pool's 'm' tuning moves it)")
+    p.add_argument("--model", default="lenet",
+                   help="lenet, alexnet_small, small_vgg (the dissertation's network), "
+                        "cifar_resnet50_v1 (default lenet)")
     p.add_argument("--train-size", type=int, default=6400, help="training digits (default 6400)")
     p.add_argument("--val-size", type=int, default=0,
                    help="validation digits, after the training ones (default 0: none)")
@@ -73,7 +76,7 @@ def main(argv=None) -> int:
     from kvstore_ext import jobenv
     from gluon_trainers.data import load_mnist
     from gluon_trainers.evaluation import evaluate
-    from gluon_trainers.models import lenet
+    from gluon_trainers.models import MODELS
     from gluon_trainers.pool import PoolBatches, train_in_pool
     from gluon_trainers.trainer import Trainer
 
@@ -87,7 +90,11 @@ def main(argv=None) -> int:
               "launch.py --kv-param epochs=N (with epoch_samples) or --max-steps",
               file=sys.stderr)
         return 2
-    net = lenet()
+    if args.model not in MODELS:
+        print(f"train_pool.py: unknown --model {args.model!r} (known: {', '.join(MODELS)})",
+              file=sys.stderr)
+        return 2
+    net = MODELS[args.model]()
     net.initialize(mx.init.Xavier())
     net(mx.nd.array(x[:2]))
     opt_params = {"learning_rate": args.lr}
@@ -126,8 +133,8 @@ def main(argv=None) -> int:
         device.write_log()
         result["device"] = device.to_dict()
     if best:
-        for k, v in net.collect_params().items():
-            v.set_data(best["params"][k])
+        for k, v in net.collect_params().items():   # in place: the Trainer's store stays
+            v.data()[:] = best["params"][k]
         result["best"] = {**best["point"], "test_accuracy": evaluate(net, x_test, y_test)}
     print(f"worker {kv.rank}: {len(log)} steps, {result['samples']} samples, "
           f"test accuracy {result['test_accuracy']:.4f}", flush=True)

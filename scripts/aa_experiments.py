@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Run the Adaptable Asynchrony experiments (E1-E6) from configs/adaptable_asynchrony.yaml.
+"""Run the Adaptable Asynchrony experiments (E1-E6) from their config.
 
     python scripts/aa_experiments.py E3 E5 E6          # the pool experiments
     python scripts/aa_experiments.py E2 --seeds 1      # one seed only
     python scripts/aa_experiments.py E3 --report-only  # rebuild tables and plots from runs.json
+
+The config is configs/adaptable_asynchrony/experiments.yaml.
 
 Each variant of an experiment is a dist_pool job of scripts/train_pool.py through launch.py
 (emulated devices, the config's seeds, variants interleaved seed by seed so that drift hits all
@@ -45,8 +47,10 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("experiments", nargs="*", help="E1 ... E6 (default: all in the config)")
-    p.add_argument("--config", default=os.path.join(ROOT, "configs", "adaptable_asynchrony.yaml"),
-                   help="the experiments' YAML (default configs/adaptable_asynchrony.yaml)")
+    p.add_argument("--config",
+                   default=os.path.join(ROOT, "configs", "adaptable_asynchrony", "experiments.yaml"),
+                   help="the experiments' YAML "
+                        "(default configs/adaptable_asynchrony/experiments.yaml)")
     p.add_argument("--out", default=None, help="results folder (default results/<config name>)")
     p.add_argument("--seeds", type=int, default=None, help="use only the first N seeds")
     p.add_argument("--quick", action="store_true", help="apply the config's 'quick' settings")

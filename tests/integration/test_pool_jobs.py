@@ -72,3 +72,24 @@ def test_dynamic_pool_follows_one_trajectory_on_every_server(run_job, tmp_path):
     assert trajectories[0] == reference.trajectory()
     assert len({w for _, w in trajectories[0]}) > 1       # it did change
     assert pools[0]["samples"] == sum(r["samples"] for r in results) >= 2400
+
+
+def test_the_experiments_config_plans_valid_pool_jobs():
+    """Every run of configs/adaptable_asynchrony/experiments.yaml has pool parameters the
+    servers accept and arguments train_pool.py takes (nothing started)."""
+    import subprocess
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import aa_experiments
+    import yaml
+    with open(os.path.join(ROOT, "configs", "adaptable_asynchrony", "experiments.yaml")) as f:
+        config = yaml.safe_load(f)
+    plan = aa_experiments.plan(config, list(config["experiments"]), None, False)
+    assert len(plan) >= 60
+    for _, _, _, settings in plan:
+        PoolConfig.from_params(settings["kv"])
+        assert 1 <= settings["workers"] <= 8
+    args = {k for _, _, _, s in plan for k in s["args"]}
+    helptext = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True,
+                              text=True, timeout=60).stdout
+    assert all(f"--{k}" in helptext for k in args), args

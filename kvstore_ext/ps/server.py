@@ -136,6 +136,7 @@ class Server:
         self.delay_aware = False   # the optimizer is applied push by push with its delay
         self.base_hyper: dict = {}   # the optimizer's lr and momentum as the workers set them
         self._pool_slot = None
+        self.pooled = False   # dist_pool: a worker pool decides who computes (set at start)
         self.joined: set[int] = set()   # workers that joined the running job
         self.optimizer_blob: bytes | None = None
         self.failure: str | None = None
@@ -155,6 +156,7 @@ class Server:
         # a store type whose rounds are not a per-key SyncPolicy brings its own request
         # handler (dist_psp: stamped pushes, versioned pulls, replies in parts)
         self.row = registry.lookup(self.store_type)
+        self.pooled = self.row.name == "dist_pool"
         self.handler = None
         if self.row.server_handler:
             self.handler = registry.load(self.row.server_handler)(self)
@@ -557,15 +559,16 @@ class Server:
             self._check_block(slot, item[DTYPE], item[SIZE], "pulled")
             slots.append(slot)
         pending = Pending(ident, header["seq"], worker, slots, True)
-        # a worker outside a pool's active set waits at its pull until the pool takes it in
-        waiting = [s for s in slots if worker in getattr(s.policy, "parked", ())]
-        for slot in waiting:
-            slot.waiting.setdefault(worker, deque()).append(pending)
-        pending.outstanding = len(waiting)
-        if not waiting:
-            if self.pool_slot is not None:
-                pending.extra = self.pool_assignment(worker)
-            self.reply_values(pending)
+        if self.pool_slot is not None:
+            # a worker outside a pool's active set waits at its pull until the pool takes it in
+            waiting = [s for s in slots if worker in s.policy.parked]
+            for slot in waiting:
+                slot.waiting.setdefault(worker, deque()).append(pending)
+            pending.outstanding = len(waiting)
+            if waiting:
+                return
+            pending.extra = self.pool_assignment(worker)
+        self.reply_values(pending)
 
     def op_push(self, ident, header, buffers) -> None:
         worker = header["worker"]
@@ -695,7 +698,7 @@ class Server:
     def pool_slot(self):
         """A slot whose policy runs a worker pool (every slot's pool sees the same pushes, so
         any one speaks for all), or None."""
-        if self._pool_slot is None and self.row.name == "dist_pool" and self.slots:
+        if self._pool_slot is None and self.pooled and self.slots:
             self._pool_slot = next(iter(self.slots.values()))
         return self._pool_slot
 

@@ -10,14 +10,15 @@ HOROVOD_ENV := HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT
                HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO MAKEFLAGS=-j2
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast demo bench bench-kvstore bench-train bench-dssp-policy bench-dcs3gd reproduce \
+.PHONY: setup test test-fast demo bench bench-kvstore bench-train bench-dssp-policy bench-dcs3gd bench-plan reproduce \
         reproduce-dssp reproduce-psp reproduce-8workers clean help
 
 help:
 	@echo "make demo    - set up (first time) and compare BSP, ASP, SSP and DSSP on an emulated GTX 1080 Ti + GTX 1060"
 	@echo "make test    - set up (first time) and run the test suite"
 	@echo "make test-fast - only the unit tests (no jobs; about a minute)"
-	@echo "make bench   - kvstore round rates and end-to-end training speed vs MXNet's own stores"
+	@echo "make bench   - kvstore round rates and end-to-end training speed vs MXNet's own stores,"
+	@echo "               and the planner's predictions against real jobs (make bench-plan)"
 	@echo "make reproduce - the DSSP and PSP-SGD papers' experiments at this machine's scale, on emulated"
 	@echo "                 devices (about 2 hours; make reproduce-dssp, reproduce-8workers or"
 	@echo "                 reproduce-psp for one of them)"
@@ -50,7 +51,7 @@ test-fast: setup
 demo: setup
 	$(PY) scripts/demo.py
 
-bench: bench-kvstore bench-train bench-dssp-policy bench-dcs3gd
+bench: bench-kvstore bench-train bench-dssp-policy bench-dcs3gd bench-plan
 
 bench-kvstore: setup
 	$(PY) scripts/bench_kvstore.py --trials 3 --out results/bench
@@ -65,6 +66,13 @@ bench-dssp-policy: setup
 bench-dcs3gd: setup
 	$(PY) scripts/bench_dcs3gd.py --trials 3 --out results/bench
 	$(PY) scripts/bench_dcs3gd.py --trials 3 --device-s 0.1 --batch-size 16 --out results/bench/device
+
+# the planner against a grid of real jobs: calibrate (twice: repeatability), then validate
+# (about 35 minutes; results/plan)
+bench-plan: setup
+	$(PY) -m kvstore_ext.plan calibrate --out results/plan/calibration.json
+	$(PY) -m kvstore_ext.plan calibrate --out results/plan/calibration_repeat.json
+	$(PY) -m kvstore_ext.plan validate --trials 3 --out results/plan
 
 reproduce: reproduce-dssp reproduce-8workers reproduce-psp
 

@@ -47,6 +47,7 @@ class ServerMetrics:
         self.lead_at_ok: dict[int, Histogram] = {}
         self.errors = 0
         self.rejected_unauthenticated = 0
+        self.messages = 0          # requests served (authenticated and well-formed)
         #: (key, block, policy) whose decisions are reported; set by the server on its first key
         self.decision_log = None
         self._wall_offset = time.time() - time.monotonic()   # policies see monotonic time
@@ -61,6 +62,10 @@ class ServerMetrics:
         return {
             "server": self.rank,
             "uptime_s": time.time() - self.started,
+            # CPU seconds of the whole process, MXNet's engine threads included: the planner
+            # (kvstore_ext.plan) divides the change over a run by the messages served
+            "cpu_s": time.process_time(),
+            "messages": self.messages,
             "pushes_received": self.pushes_received,
             "pushes_applied": self.pushes_applied,
             "pushes_dropped": self.pushes_dropped,

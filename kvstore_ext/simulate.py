@@ -69,7 +69,7 @@ def iteration_times(speeds, base_time: float = 1.0, jitter: float = 0.0, seed: i
 def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: float = 1.0,
              jitter: float = 0.0, seed: int = 0, latency: float = 0.0, clocks=None,
              release_latency: float = 0.0, servers: int = 1, reply_delays=None,
-             blocks=None) -> SimResult:
+             blocks=None, service: float = 0.0, apply_time: float = 0.0) -> SimResult:
     """Run virtual workers with the given speeds (or device ``clocks``) until ``horizon``.
 
     Iteration times as :func:`iteration_times` gives them; ``latency`` is added between
@@ -79,7 +79,9 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
     ``reply_delays`` (one per server: how late its replies are) and ``blocks`` (how many blocks
     each server holds) are modelled for stores whose rounds are per block (``dist_psp``: b, the
     fraction of blocks a worker waits for, then matters); the per-key policies are simulated as
-    one server.
+    one server.  That server serves pushes one at a time, in the order they come, for
+    ``service`` each, plus ``apply_time`` when the policy applies (the planner's server CPU): a
+    worker's OK comes when its push has been served.
     """
     row = registry.lookup(store_type)
     if clocks is not None:
@@ -88,6 +90,8 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
         return simulate_blocks(row, row.check(params), speeds, horizon, base_time, jitter,
                                seed, latency, clocks, release_latency, servers, reply_delays,
                                blocks)
+    if service < 0 or apply_time < 0:
+        raise ValueError(f"service {service} and apply_time {apply_time} must be >= 0")
     if servers != 1 or any(reply_delays or ()) or blocks:
         raise ValueError(f"{store_type}: servers and reply delays are only simulated for "
                          f"stores with per-block rounds (dist_psp)")
@@ -100,6 +104,7 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
     events: list[tuple[float, int, int]] = []   # (time a push arrives, tie-break, worker)
     seq = 0
     max_lead, decisions, leads = 0, 0, []
+    busy_until = 0.0      # the server is serving pushes until then
 
     def start(worker: int, at: float, together: int = 1) -> None:
         nonlocal seq
@@ -117,6 +122,9 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
         pushed_at[worker] = now
         decision = policy.on_push(worker, now)
         decisions += 1
+        if service or apply_time:
+            busy_until = max(now, busy_until) + service + (apply_time if decision.apply else 0.0)
+            now = busy_until
         for released, lead in decision.released:
             max_lead = max(max_lead, lead)
             leads.append(lead)

@@ -358,6 +358,7 @@ class Server:
                                  f"server {self.rank}: malformed request: {exc}", worker)
             return
         seq, worker = header["seq"], header["worker"]
+        self.metrics.messages += 1
         # workers send on one socket and receive on another (their receiver thread's)
         ident = header["reply_to"].encode()
         try:

@@ -92,6 +92,14 @@ def test_the_runtimes_stay_in_their_rooms():
         return seen
     for light in ("kvstore_ext.registry", "kvstore_ext.simulate", "kvstore_ext.policies"):
         assert not {m for m in reach(light) if m.startswith(("kvstore_ext.ps", "kvstore_ext.launch"))}, light
+    # the planner's model and search are arithmetic: the partitioner's pure placement rule, the
+    # simulator and the policies, never a runtime, a launcher or the measuring side of the planner
+    for light in ("kvstore_ext.plan.model", "kvstore_ext.plan.search"):
+        heavy = {m for m in reach(light) if m.startswith(("kvstore_ext.ps", "kvstore_ext.launch",
+                                                          "kvstore_ext.horovod"))
+                 or m in ("kvstore_ext.plan.calibrate", "kvstore_ext.plan.jobs")}
+        assert heavy <= {"kvstore_ext.ps", "kvstore_ext.ps.partition", "kvstore_ext.horovod",
+                         "kvstore_ext.horovod.params"}, (light, heavy)   # the registry's checks
     assert not {m for m in reach("kvstore_ext.horovod.store") if m.startswith("kvstore_ext.ps")}
     assert not {m for m in reach("kvstore_ext.ps.store") if m.startswith("kvstore_ext.horovod.")
                 and m != "kvstore_ext.horovod.params"}

@@ -1,0 +1,373 @@
+"""Measure the performance model's coefficients on this machine (``plan calibrate``).
+
+Every coefficient comes from a least-squares fit over measurements that vary what it
+multiplies, and every fit reports its R^2:
+
+- **compute**: each layer's forward + backward time against the batch size, for each model
+  (a real Gluon or GluonCV network), and the whole network's; FLOP/s achieved, from the
+  model's multiply-accumulates, as a cross-check (it is not one constant across models);
+- **interference** (the paper's C_interf): the slow-down of one process's compute when k
+  processes compute at once on this host;
+- **wire**: latency and bandwidth of a ZeroMQ round trip over TCP on 127.0.0.1, by size;
+- **optimizer**: MXNet's momentum SGD updater, as the servers run it, per key and per element;
+- **runtime**: real one-worker, one-server ``dist_bsp`` jobs over shape sets that vary keys and
+  bytes apart: the worker's CPU per round and the server's CPU per push (minus the optimizer),
+  each fitted to per message + per key + per byte.
+
+The JSON it writes is what ``predict``, ``search`` and ``validate`` read.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from .model import BYTES_PER_PARAM
+
+
+def fit(columns: dict, y, nonnegative: bool = False) -> dict:
+    """Least squares ``y ~ sum(coef * column)``; the coefficients by column name and R^2
+    (an intercept is a column of ones, named).  ``nonnegative``: every coefficient >= 0
+    (costs), by scipy's NNLS, rather than a negative one clipped afterwards."""
+    names = list(columns)
+    a = np.column_stack([np.asarray(columns[k], dtype=float) for k in names])
+    y = np.asarray(y, dtype=float)
+    if nonnegative:
+        from scipy.optimize import nnls
+        scale = np.abs(a).max(axis=0)
+        scale[scale == 0] = 1.0
+        coef, _ = nnls(a / scale, y)
+        coef = coef / scale
+    else:
+        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    resid = y - a @ coef
+    total = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((resid ** 2).sum()) / total if total > 0 else 1.0
+    return {**{k: float(c) for k, c in zip(names, coef)}, "r2": r2, "points": len(y)}
+
+
+def _timed(fn, reps: int, warmup: int = 3) -> float:
+    """Median seconds of ``fn()`` over ``reps`` calls, after ``warmup`` untimed ones (MXNet
+    allocates its memory pools in the first calls)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def layers_of(net) -> list:
+    """The layers a network runs in order: a GluonCV CIFAR network's ``features`` then
+    ``output``, a Sequential's children, else the network whole."""
+    if hasattr(net, "features") and hasattr(net, "output"):
+        return list(net.features._children.values()) + [net.output]
+    children = list(getattr(net, "_children", {}).values())
+    return children or [net]
+
+
+def measure_compute(model: str, batch_sizes=(8, 16, 32, 64, 128), reps: int = 7) -> dict:
+    """Per-layer and whole-network forward + backward seconds against the batch size."""
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    from .jobs import build
+    from ..devices import MODELS as MACS
+    net, x1 = build(model)
+    net.initialize(mx.init.Xavier())
+    net(x1)
+    layers = layers_of(net)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    per_layer = {i: [] for i in range(len(layers))}
+    whole, activations = [], 0.0
+    for b in batch_sizes:
+        x = mx.nd.random.uniform(shape=(b,) + x1.shape[1:])
+        y = mx.nd.array(np.random.randint(0, 10, b))
+
+        def step():
+            with autograd.record():
+                loss = loss_fn(net(x), y)
+            loss.backward()
+            mx.nd.waitall()
+        whole.append(_timed(step, reps))
+        h = x
+        for i, layer in enumerate(layers):
+            inp = h.copy()
+            inp.attach_grad()
+
+            def one(layer=layer, inp=inp):
+                with autograd.record():
+                    out = layer(inp)
+                out.backward(mx.nd.ones_like(out))
+                mx.nd.waitall()
+            per_layer[i].append(_timed(one, reps))
+            h = layer(h)
+            if b == batch_sizes[0]:
+                activations += h.size / b
+    bs = np.asarray(batch_sizes, dtype=float)
+    # a free intercept: a small negative one is what a straight line through these points
+    # has, and forcing it to zero would tilt the slope (ModelProfile.host_time floors at 0)
+    total = fit({"fixed": np.ones_like(bs), "per_sample": bs}, whole)
+    out_layers = []
+    layer_sum = np.sum([per_layer[i] for i in per_layer], axis=0)
+    for i, layer in enumerate(layers):
+        f = fit({"fixed": np.ones_like(bs), "per_sample": bs}, per_layer[i])
+        share = float(np.mean(np.asarray(per_layer[i]) / layer_sum))
+        out_layers.append({"layer": f"{i}:{type(layer).__name__}", "share": share, **f})
+    macs = MACS.get(model, (None,))[0]
+    flops = None
+    if macs:
+        flops = [6 * macs * b / t for b, t in zip(batch_sizes, whole)]
+    return {"model": model, "batch_sizes": list(batch_sizes), "seconds": whole,
+            "fit": total, "layers": out_layers, "layer_sum_seconds": layer_sum.tolist(),
+            "macs_per_sample": macs, "achieved_flops": flops,
+            "activation_elements_per_sample": activations}
+
+
+_PROBE = r"""
+import sys, time, statistics
+sys.path.insert(0, {root!r})
+import mxnet as mx
+from mxnet import autograd, gluon
+from kvstore_ext.plan.jobs import build
+net, x1 = build({model!r}); net.initialize(); net(x1)
+x = mx.nd.random.uniform(shape=({batch},) + x1.shape[1:]); y = mx.nd.zeros(({batch},))
+loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+def step():
+    with autograd.record():
+        loss = loss_fn(net(x), y)
+    loss.backward(); mx.nd.waitall()
+for _ in range(3): step()
+print("ready", flush=True); sys.stdin.readline()
+times = []
+end = time.perf_counter() + {seconds}
+while time.perf_counter() < end:
+    t0 = time.perf_counter(); step(); times.append(time.perf_counter() - t0)
+print(statistics.median(times), flush=True)
+"""
+
+
+def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4, 8),
+                         seconds: float = 3.0) -> dict:
+    """The median compute time per iteration when k processes compute at once, over the
+    time of one process alone measured just before (so that drift cancels)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = _PROBE.format(root=root, model=model, batch=batch, seconds=seconds)
+    env = dict(os.environ)    # the threads a job's workers get (launch.py leaves them as they are)
+
+    def together(k: int) -> float:
+        procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, env=env) for _ in range(k)]
+        try:
+            for p in procs:
+                if p.stdout.readline().strip() != "ready":
+                    raise RuntimeError(f"an interference probe of {model} failed to start")
+            for p in procs:          # all start together
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            return statistics.median(float(p.stdout.readline()) for p in procs)
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+    medians, alone = {}, {}
+    for k in counts:
+        alone[k] = together(1)
+        medians[k] = alone[k] if k == 1 else together(k)
+    return {"model": model, "batch": batch, "seconds": medians, "alone_seconds": alone,
+            "factor": {k: medians[k] / alone[k] for k in counts}}
+
+
+_ECHO = r"""
+import sys, zmq
+ctx = zmq.Context(); s = ctx.socket(zmq.PAIR); port = s.bind_to_random_port("tcp://127.0.0.1")
+print(port, flush=True)
+while True:
+    m = s.recv(copy=False)
+    if len(m) == 0: break
+    s.send(m, copy=False)
+"""
+
+
+def measure_wire(sizes=(1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22, 1 << 23), reps: int = 20,
+                 latency_reps: int = 300) -> dict:
+    """One-way latency (the median of many 64-byte round trips, halved) and bandwidth (the
+    slope of the one-way time against the size) to an echo process on 127.0.0.1 over ZeroMQ."""
+    import zmq
+    echo = subprocess.Popen([sys.executable, "-c", _ECHO], stdout=subprocess.PIPE, text=True)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PAIR)
+    try:
+        sock.connect(f"tcp://127.0.0.1:{int(echo.stdout.readline())}")
+
+        def round_trip(buf):
+            def rt():
+                sock.send(buf, copy=False)
+                sock.recv(copy=False)
+            return rt
+        latency = _timed(round_trip(b"x" * 64), latency_reps) / 2
+        one_way = [_timed(round_trip(np.ones(size, dtype=np.uint8)), reps) / 2 for size in sizes]
+        sock.send(b"")
+    finally:
+        sock.close(0)
+        ctx.term()
+        echo.wait(10)
+    f = fit({"latency": np.ones(len(sizes)), "per_byte": np.asarray(sizes, dtype=float)}, one_way,
+            nonnegative=True)
+    return {"sizes": list(sizes), "one_way_s": one_way, "fit": f, "latency": latency,
+            "bandwidth": 1.0 / max(f["per_byte"], 1e-12)}
+
+
+def measure_optimizer(reps: int = 7) -> dict:
+    """MXNet's momentum SGD updater (the servers' ``get_updater``) over k keys of m elements."""
+    import mxnet as mx
+    rows = []
+    for keys in (8, 64, 256):
+        for size in (1_000, 16_000, 100_000):
+            if keys * size > 8_000_000:
+                continue
+            updater = mx.optimizer.get_updater(mx.optimizer.SGD(
+                learning_rate=0.01, momentum=0.9, wd=1e-4))
+            ws = [mx.nd.ones((size,)) for _ in range(keys)]
+            gs = [mx.nd.ones((size,)) for _ in range(keys)]
+            idx = list(range(keys))
+
+            def apply():
+                updater(idx, gs, ws)
+                mx.nd.waitall()
+            rows.append((keys, keys * size, _timed(apply, reps)))
+    k, p, t = (np.array(c, dtype=float) for c in zip(*rows))
+    return {"points": [list(r) for r in rows],
+            "fit": fit({"per_key": k, "per_param": p}, t, nonnegative=True)}
+
+
+#: the runtime jobs' shape sets: real models and synthetic sets that vary keys and bytes apart
+RUNTIME_SETS = ("lenet", "cifar_resnet20_v1", "256x1024", "64x4096", "32x16384", "32x65536",
+                "8x65536", "1x800000", "8x100")
+
+
+def measure_runtime(optimizer_fit: dict, sets=RUNTIME_SETS, rounds: int = 30,
+                    repeats: int = 3) -> dict:
+    """Worker CPU per round and server CPU per push in real 1 x 1 ``dist_bsp`` jobs (the
+    median of ``repeats`` jobs per set, interleaved)."""
+    from .jobs import run_job
+    runs = {name: [] for name in sets}
+    for _ in range(repeats):
+        for name in sets:
+            runs[name].append(run_job("dist_bsp", name, 1, 1, compute=False, rounds=rounds)[0])
+    rows = []
+    for name in sets:
+        rs = runs[name]
+        keys, elements = rs[0]["keys"], rs[0]["elements"]
+        opt = optimizer_fit["per_key"] * keys + optimizer_fit["per_param"] * elements
+        server = statistics.median(r["servers"][0]["cpu_s"] / r["rounds"] for r in rs)
+        rows.append({"set": name, "keys": keys, "bytes": BYTES_PER_PARAM * elements,
+                     "round_s": statistics.median(r["seconds"] / r["rounds"] for r in rs),
+                     "worker_cpu_s": statistics.median(r["comm_cpu_s"] / r["rounds"] for r in rs),
+                     "server_cpu_s": server, "server_push_cpu_s": server - opt})
+    ones = np.ones(len(rows))
+    keys = np.array([r["keys"] for r in rows], dtype=float)
+    nbytes = np.array([r["bytes"] for r in rows], dtype=float)
+    worker = fit({"msg": ones, "per_key": keys, "per_byte": nbytes},
+                 [r["worker_cpu_s"] for r in rows], nonnegative=True)
+    server = fit({"msg": ones, "per_key": keys, "per_byte": nbytes},
+                 [r["server_push_cpu_s"] for r in rows], nonnegative=True)
+    return {"jobs": rows, "worker_fit": worker, "server_fit": server}
+
+
+#: ``calibrate --quick``: fewer, shorter measurements, to check the pipeline (not for figures)
+QUICK = {"interference_counts": (1, 2), "runtime_sets": ("lenet", "256x1024", "32x65536", "8x100"),
+         "repeats": 1, "rounds": 15, "batch_sizes": (16, 64), "reps": 2}
+
+
+def calibrate(models=("lenet", "cifar_resnet20_v1"), interference_counts=(1, 2, 4, 8),
+              progress=None, quick: bool = False) -> dict:
+    """Every measurement, the fits and the model's coefficients, as one JSON-ready dict."""
+    if quick:
+        interference_counts = QUICK["interference_counts"]
+    say = progress or (lambda name: None)
+    out = {"machine": {"host": platform.node(), "cores": os.cpu_count(),
+                       "python": platform.python_version(), "when": time.strftime("%Y-%m-%d %H:%M:%S")}}
+    say("compute")
+    out["compute"] = {m: measure_compute(m, **({"batch_sizes": QUICK["batch_sizes"],
+                                                "reps": QUICK["reps"]} if quick else {}))
+                      for m in models}
+    say("interference")
+    out["interference"] = measure_interference(counts=interference_counts,
+                                               seconds=1.0 if quick else 3.0)
+    say("wire")
+    out["wire"] = measure_wire()
+    say("optimizer")
+    out["optimizer"] = measure_optimizer()
+    say("runtime")
+    out["runtime"] = measure_runtime(out["optimizer"]["fit"], **(
+        {"sets": QUICK["runtime_sets"], "repeats": QUICK["repeats"], "rounds": QUICK["rounds"]}
+        if quick else {}))
+    out["quick"] = quick
+    w, s, o = out["runtime"]["worker_fit"], out["runtime"]["server_fit"], out["optimizer"]["fit"]
+    out["coefficients"] = {
+        "worker_msg": w["msg"], "worker_key": w["per_key"], "worker_byte": w["per_byte"],
+        "server_msg": s["msg"], "server_key": s["per_key"], "server_byte": s["per_byte"],
+        "opt_key": o["per_key"], "opt_param": o["per_param"],
+        "latency": out["wire"]["latency"], "bandwidth": out["wire"]["bandwidth"],
+        "interference": {str(k): v for k, v in out["interference"]["factor"].items()},
+        "cores": os.cpu_count() or 1}
+    out["profiles"] = {m: profile_entry(m, c) for m, c in out["compute"].items()}
+    out["fits"] = fit_table(out)
+    return out
+
+
+def profile_entry(model: str, compute: dict) -> dict:
+    from .jobs import model_shapes
+    sizes = [int(np.prod(s)) for s in model_shapes(model)]
+    return {"key_sizes": sizes, "compute_fixed": compute["fit"]["fixed"],
+            "compute_per_sample": compute["fit"]["per_sample"],
+            "activation_elements_per_sample": compute["activation_elements_per_sample"]}
+
+
+def fit_table(out: dict) -> list[dict]:
+    """Every fit by name with its R^2 (layers under 5% of their model's time are marked minor:
+    their fits are reported, not relied on)."""
+    rows = []
+    for m, c in out["compute"].items():
+        rows.append({"fit": f"compute {m}", "r2": c["fit"]["r2"], "minor": False})
+        for layer in c["layers"]:
+            rows.append({"fit": f"compute {m} layer {layer['layer']}", "r2": layer["r2"],
+                         "minor": layer["share"] < 0.05})
+    rows.append({"fit": "wire", "r2": out["wire"]["fit"]["r2"], "minor": False})
+    rows.append({"fit": "optimizer", "r2": out["optimizer"]["fit"]["r2"], "minor": False})
+    rows.append({"fit": "worker runtime", "r2": out["runtime"]["worker_fit"]["r2"], "minor": False})
+    rows.append({"fit": "server runtime", "r2": out["runtime"]["server_fit"]["r2"], "minor": False})
+    return rows
+
+
+def load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def repeatability(a: dict, b: dict) -> list[dict]:
+    """Each coefficient (interference per process count) of two calibrations and their
+    relative difference, ``|a - b| / max(|a|, |b|)``."""
+    def flat(data):
+        c = data["coefficients"]
+        out = {k: float(v) for k, v in c.items() if k not in ("interference", "cores")}
+        out.update({f"interference@{k}": float(v) for k, v in c["interference"].items()})
+        for model, prof in data.get("profiles", {}).items():
+            out[f"{model} compute/sample"] = float(prof["compute_per_sample"])
+        return out
+    fa, fb = flat(a), flat(b)
+    rows = []
+    for k in fa:
+        if k in fb:
+            top = max(abs(fa[k]), abs(fb[k]))
+            rows.append({"coefficient": k, "first": fa[k], "second": fb[k],
+                         "difference": abs(fa[k] - fb[k]) / top if top else 0.0})
+    return rows

@@ -1,0 +1,431 @@
+"""``python -m kvstore_ext.plan {calibrate,predict,search,validate}`` (also ``scripts/plan.py``)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from .validate import GRID_CLUSTERS
+
+DEFAULT_CALIBRATION = os.path.join("results", "plan", "calibration.json")
+STORES = ("dist_bsp", "dist_asp", "dist_ssp", "dist_dssp", "dist_psp", "dist_ssgd", "dist_dcs3gd")
+
+
+def _calibration(path: str) -> dict:
+    from .calibrate import load
+    if not os.path.exists(path):
+        raise SystemExit(f"no calibration at {path}: run 'python -m kvstore_ext.plan calibrate "
+                         f"--out {path}' first (about 2 minutes)")
+    return load(path)
+
+
+def _device_seconds(text: str, workers: int, model: str, batch: int,
+                    device_batch: int = 64) -> list[float]:
+    """Seconds per iteration of each worker's device at ``batch``: a time given in ms is for
+    ``device_batch`` samples, and a device's time grows with its batch (as profiles do)."""
+    from ..devices import MODELS, parse_devices
+    if not text:
+        return [0.0] * workers
+    try:
+        at = parse_devices(text, workers, model if model in MODELS else None, device_batch)
+    except ValueError as exc:
+        raise SystemExit(f"--device {text!r}: {exc}")
+    return [t * batch / device_batch for t in at]
+
+
+def _profile(data: dict, model: str):
+    from .model import ModelProfile
+    try:
+        return ModelProfile.from_calibration(data, model)
+    except ValueError as exc:
+        raise SystemExit(str(exc))
+
+
+def _params(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--kv-param {item!r} must be NAME=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def cmd_calibrate(args) -> int:
+    from tqdm import tqdm
+    from .calibrate import calibrate
+    models = tuple(m for m in args.models.split(",") if m)
+    bar = tqdm(total=5, desc="calibrate", disable=None)
+
+    def step(name):
+        bar.set_postfix_str(name)
+        if name != "compute":
+            bar.update(1)
+    data = calibrate(models, tuple(int(k) for k in args.interference.split(",")), step,
+                     quick=args.quick)
+    bar.update(1)
+    bar.close()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    data["command"] = " ".join(sys.argv)
+    with open(args.out, "w") as f:
+        json.dump(data, f, indent=1)
+    print(f"wrote {args.out}")
+    for row in data["fits"]:
+        print(f"  R^2 {row['r2']:.4f}  {row['fit']}{'  (minor)' if row['minor'] else ''}")
+    for k, v in data["coefficients"].items():
+        print(f"  {k} = {v}")
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from .model import Costs, predict
+    data = _calibration(args.calibration)
+    profile = _profile(data, args.model)
+    costs = Costs.from_calibration(data)
+    devices = _device_seconds(args.device, args.workers, args.model, args.batch_size,
+                              args.device_batch)
+    try:
+        p = predict(profile, costs, store=args.store, workers=args.workers, servers=args.servers,
+                    batch_size=args.batch_size, device_s=devices,
+                    bigarray_bound=args.bigarray_bound, shared_host=not args.cluster,
+                    bandwidth=args.bandwidth_gbps * 1e9 / 8 if args.bandwidth_gbps else None,
+                    dataset_size=args.dataset_size, params=_params(args.kv_param),
+                    host_compute=not (args.cluster and args.device), colocated=args.colocate)
+    except ValueError as exc:
+        raise SystemExit(f"predict: {exc}")
+    out = {"model": args.model, "store": args.store, "workers": args.workers,
+           "servers": args.servers, "batch_size": args.batch_size, **p.to_dict()}
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        print(f"{args.model} {args.workers}x{args.servers} {args.store} batch {args.batch_size}: "
+              f"{p.seconds * 1e3:.1f} ms per iteration, {p.samples_per_s:.0f} samples/s, "
+              f"epoch {p.epoch_s:.1f} s ({p.method}); bottleneck: {p.bottleneck}")
+        for k, v in p.parts.items():
+            print(f"  {k:<13} {v * 1e3:8.2f} ms")
+    return 0
+
+
+def cmd_search(args) -> int:
+    from .model import Costs
+    from .search import Space, evaluate, knees, rank, recheck
+    data = _calibration(args.calibration)
+    profile = _profile(data, args.model)
+    costs = Costs.from_calibration(data)
+    if args.cores:
+        costs.cores = args.cores
+    batches = tuple(int(b) for b in args.batch_sizes.split(","))
+    device = {b: _device_seconds(args.device, 1, args.model, b, args.device_batch)[0]
+              for b in batches} \
+        if args.device else {}
+    space = Space(workers=tuple(range(1, args.max_workers + 1)),
+                  servers=tuple(int(s) for s in args.servers.split(",")), batch_sizes=batches,
+                  stores=tuple(args.stores.split(",")),
+                  colocate=(False, True) if args.colocate == "both" else (args.colocate == "yes",),
+                  machines=args.machines,
+                  memory_bytes=args.memory_gb * 2 ** 30 if args.memory_gb else None,
+                  device_ms_at=device)
+    t0 = time.perf_counter()
+    result = evaluate(profile, costs, space, shared_host=not args.cluster,
+                      host_compute=not (args.cluster and args.device),
+                      dataset_size=args.dataset_size,
+                      bandwidth=args.bandwidth_gbps * 1e9 / 8 if args.bandwidth_gbps else None)
+    seconds = time.perf_counter() - t0
+    top = rank(result, args.top, merge_stores=True)
+    checked = recheck(profile, costs, top, space, shared_host=not args.cluster,
+                      host_compute=not (args.cluster and args.device))
+    knee = knees(result)
+    print(f"{space.size():,} configurations evaluated in {seconds:.2f} s, "
+          f"{int(result['fits'].sum()):,} within {args.machines} machines"
+          + (f" and {args.memory_gb} GiB" if args.memory_gb else ""))
+    print(f"{'#':>2} {'store':<26} {'n':>4} {'s':>3} {'servers on':<10} {'batch':>5} "
+          f"{'ms/iter':>8} {'samples/s':>10} {'epoch s':>8} {'sim':>6}  bottleneck")
+    for i, r in enumerate(checked, 1):
+        stores = " = ".join(st.replace("dist_", "") for st in r["stores"])
+        print(f"{i:>2} {stores:<26} {r['workers']:>4} {r['servers']:>3} "
+              f"{'workers' if r['colocated'] else 'own hosts':<10} {r['batch_size']:>5} "
+              f"{r['seconds_per_iteration'] * 1e3:>8.1f} {r['samples_per_s']:>10.0f} "
+              f"{r['epoch_s']:>8.1f} {r['simulator_vs_model']:>+6.1%}  {r['bottleneck']}")
+    for store, k in knee.items():
+        print(f"knee of {store}: {k['knee']} workers (one more adds < 5% samples/s)")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "search.json"), "w") as f:
+            json.dump({"command": " ".join(sys.argv), "seconds": seconds, "top": checked,
+                       "knees": knee, "evaluated": space.size()}, f, indent=1)
+        for path in plot_search(result, knee, checked, args.out):
+            print(f"wrote {path}")
+    return 0
+
+
+def plot_search(result: dict, knee: dict, top: list[dict], out_dir: str) -> list[str]:
+    """throughput against n per store with the knee, an n x s heat map of the best store, and
+    the time breakdown of the top configurations."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from .model import BOTTLENECKS
+    paths = []
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for store, k in knee.items():
+        ns = sorted(k["curve"])
+        line, = ax.plot(ns, [k["curve"][n] for n in ns], label=store)
+        ax.axvline(k["knee"], color=line.get_color(), ls=":", lw=0.8)
+    ax.set_xlabel("workers")
+    ax.set_ylabel("samples/s (best servers, batch)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "search_throughput.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    ns, ss = np.unique(result["workers"]), np.unique(result["servers"])
+    heat = np.full((len(ss), len(ns)), np.nan)
+    for i, s in enumerate(ss):
+        for j, n in enumerate(ns):
+            m = result["fits"] & (result["workers"] == n) & (result["servers"] == s)
+            if m.any():
+                heat[i, j] = result["samples_per_s"][m].max()
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    im = ax.imshow(heat, aspect="auto", origin="lower", cmap="viridis")
+    ax.set_xticks(range(0, len(ns), max(1, len(ns) // 8)))
+    ax.set_xticklabels([str(ns[i]) for i in range(0, len(ns), max(1, len(ns) // 8))])
+    ax.set_yticks(range(len(ss)))
+    ax.set_yticklabels([str(s) for s in ss])
+    ax.set_xlabel("workers")
+    ax.set_ylabel("servers")
+    fig.colorbar(im, label="samples/s")
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "search_heatmap.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    labels = [f"{r['store'][5:]} {r['workers']}x{r['servers']} b{r['batch_size']}" for r in top]
+    bottom = np.zeros(len(top))
+    idx = [int(np.flatnonzero((result["workers"] == r["workers"]) & (result["servers"] == r["servers"])
+                              & (result["batch_size"] == r["batch_size"])
+                              & (result["store"] == r["store"])
+                              & (result["colocated"] == r["colocated"]))[0]) for r in top]
+    for name in BOTTLENECKS:
+        vals = np.array([result["parts"][name][i] * 1e3 for i in idx])
+        ax.bar(range(len(top)), vals, bottom=bottom, label=name)
+        bottom += vals
+    ax.set_xticks(range(len(top)))
+    ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=6)
+    ax.set_ylabel("ms per iteration")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "search_breakdown.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def cmd_compare(args) -> int:
+    """Two calibrations side by side: each coefficient's relative difference (repeatability)."""
+    from .calibrate import repeatability
+    a, b = _calibration(args.first), _calibration(args.second)
+    rows = repeatability(a, b)
+    worst = 0.0
+    for r in rows:
+        flag = "" if r["difference"] <= args.tolerance else f"  over {args.tolerance:.0%}"
+        worst = max(worst, r["difference"])
+        print(f"  {r['coefficient']:<16} {r['first']:>12.4g} {r['second']:>12.4g} "
+              f"{r['difference']:>7.1%}{flag}")
+    print(f"largest difference {worst:.1%} (tolerance {args.tolerance:.0%})")
+    return 0 if worst <= args.tolerance else 1
+
+
+def cmd_validate(args) -> int:
+    from tqdm import tqdm
+    from . import validate as v
+    from .calibrate import calibrate
+    if args.calibrate or not os.path.exists(args.calibration):
+        print(f"calibrating into {args.calibration} first")
+        data = calibrate()
+        os.makedirs(os.path.dirname(os.path.abspath(args.calibration)), exist_ok=True)
+        with open(args.calibration, "w") as f:
+            json.dump(data, f, indent=1)
+    data = _calibration(args.calibration)
+    if args.measured:      # score earlier measurements against this calibration
+        with open(args.measured) as f:
+            earlier = json.load(f)["rows"]
+        cases = [v.Case(r["model"], r["workers"], r["servers"], r["store"], r["device"],
+                        r["host_compute"]) for r in earlier]
+        measured = {c: r["trials_s"] for c, r in zip(cases, earlier)}
+        return report(v, cases, measured, data, args)
+    cases = v.grid(models=tuple(args.models.split(",")),
+                   clusters=tuple(tuple(int(x) for x in c.split("x")) for c in args.clusters.split(",")),
+                   stores=tuple(args.stores.split(",")), devices=tuple(args.devices.split(",")),
+                   mixed=not args.no_mixed)
+    if args.max_cases:
+        cases = cases[:args.max_cases]
+    with tqdm(total=len(cases) * args.trials, desc="validate", disable=None) as bar:
+        measured = v.run(cases, args.trials, args.rounds, args.warmup,
+                         progress=lambda c: bar.update(1))
+    return report(v, cases, measured, data, args)
+
+
+def report(v, cases, measured, data, args) -> int:
+    """The table, the summary figures and the plots of measured cases against a calibration."""
+    from kvstore_ext.reports import write_results
+    rows = v.table_rows(cases, measured, data)
+    os.makedirs(args.out, exist_ok=True)
+    print(write_results(args.out, "validate", rows, [
+        ("case", "label", "{}"), ("predicted ms", "predicted_ms", "{:.1f}"),
+        ("measured ms (median)", "measured_ms", "{:.1f}"), ("error", "error", "{:+.1%}")]))
+    summary = v.summarise(rows)
+    with open(os.path.join(args.out, "validate_summary.json"), "w") as f:
+        json.dump({"command": " ".join(sys.argv), **summary}, f, indent=1)
+    print(f"median |error| {summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}, "
+          f"{summary['over_25pct']} of {summary['cases']} over 25%; Kendall tau over all "
+          f"{summary['kendall_tau_all']:.2f}")
+    for g in summary["groups"]:
+        knees = ", ".join(f"{s} {k['predicted']}/{k['measured']}" for s, k in g["knees"].items())
+        print(f"  {g['model']} {g['device']}: tau {g['kendall_tau']:.2f}; pick {g['pick']} "
+              f"measures {g['pick_vs_best']:.0%} of the best ({g['best']}); knee predicted/"
+              f"measured {knees}")
+    if not args.no_plots:
+        for path in v.plot(rows, args.out):
+            print(f"wrote {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m kvstore_ext.plan",
+        description="The planner: a performance model of data-parallel training (Yan et al., "
+                    "KDD 2015) calibrated on this machine; predicts time per iteration, searches "
+                    "configurations, and checks itself against real jobs.")
+    sub = p.add_subparsers(dest="verb", required=True)
+
+    c = sub.add_parser("calibrate", help="measure the model's coefficients on this machine",
+                       description="Measure per-layer compute against batch size, compute "
+                                   "interference between processes, wire latency and bandwidth, "
+                                   "the optimizer, and the worker's and server's CPU per message, "
+                                   "key and byte in real jobs; write them as JSON with each "
+                                   "fit's R^2 (about 2 minutes).")
+    c.add_argument("--out", default=DEFAULT_CALIBRATION,
+                   help=f"the calibration JSON to write (default {DEFAULT_CALIBRATION})")
+    c.add_argument("--models", default="lenet,cifar_resnet20_v1",
+                   help="models to time layer by layer (gluon_trainers or GluonCV names; "
+                        "default lenet,cifar_resnet20_v1)")
+    c.add_argument("--interference", default="1,2,4,8",
+                   help="process counts at which to measure compute interference (default 1,2,4,8)")
+    c.add_argument("--quick", action="store_true",
+                   help="fewer and shorter measurements (under a minute): checks the pipeline, "
+                        "not good enough for figures")
+    c.set_defaults(func=cmd_calibrate)
+
+    def common(q):
+        q.add_argument("--calibration", default=DEFAULT_CALIBRATION,
+                       help=f"calibration JSON from 'calibrate' (default {DEFAULT_CALIBRATION})")
+        q.add_argument("--model", default="lenet", help="a calibrated model (default lenet)")
+        q.add_argument("--device", default="",
+                       help="emulated or real devices as launch.py --device takes them "
+                            "(150ms, v100, gtx1080ti*3,gtx1060); default: the host computes")
+        q.add_argument("--device-batch", type=int, default=64,
+                       help="the batch a device time in ms is for; other batches scale it "
+                            "(default 64)")
+        q.add_argument("--cluster", action="store_true",
+                       help="each worker and server on its own machine with a real device (the "
+                            "host only feeds it); default: every process on this one host, as "
+                            "validate runs them")
+        q.add_argument("--bandwidth-gbps", type=float, default=0.0,
+                       help="the network's bandwidth per link in Gbit/s (default: as calibrated "
+                            "on this host's loopback)")
+        q.add_argument("--dataset-size", type=int, default=60000,
+                       help="samples per epoch, for the epoch time (default 60000)")
+
+    q = sub.add_parser("predict", help="time per iteration of one configuration",
+                       description="Time per iteration, samples/s and epoch time of one "
+                                   "configuration, its breakdown and bottleneck.")
+    common(q)
+    q.add_argument("-n", "--workers", type=int, default=2, help="workers (default 2)")
+    q.add_argument("-s", "--servers", type=int, default=1, help="servers (default 1)")
+    q.add_argument("--store", default="dist_bsp", choices=STORES, help="store type (default dist_bsp)")
+    q.add_argument("--kv-param", action="append", default=[], metavar="NAME=VALUE",
+                   help="a store parameter (staleness=2, min_push_fraction=0.75); repeatable")
+    q.add_argument("--batch-size", type=int, default=64, help="per-worker batch (default 64)")
+    q.add_argument("--bigarray-bound", type=int, default=1_000_000,
+                   help="arrays of at least this many elements are cut across the servers "
+                        "(launch.py --bigarray-bound; default 1000000)")
+    q.add_argument("--colocate", action="store_true",
+                   help="with --cluster: the servers run on the workers' machines")
+    q.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    q.set_defaults(func=cmd_predict)
+
+    s = sub.add_parser("search", help="the best configurations under a machine budget",
+                       description="Evaluate every configuration of workers, servers (dedicated "
+                                   "or on the workers' machines), batch size and store at once, "
+                                   "keep those within the budget, rank them by samples/s, "
+                                   "re-check the top ones with the simulator, and print each "
+                                   "store's knee.")
+    common(s)
+    s.add_argument("--machines", type=int, default=16, help="machines available (default 16)")
+    s.add_argument("--max-workers", type=int, default=16, help="most workers tried (default 16)")
+    s.add_argument("--servers", default="1,2,4,8", help="server counts tried (default 1,2,4,8)")
+    s.add_argument("--batch-sizes", default="32,64,128", help="per-worker batches (default 32,64,128)")
+    s.add_argument("--stores", default="dist_bsp,dist_asp,dist_ssp,dist_dssp",
+                   help="stores tried (default dist_bsp,dist_asp,dist_ssp,dist_dssp)")
+    s.add_argument("--colocate", choices=("no", "yes", "both"), default="both",
+                   help="servers on their own machines (no), on the workers' (yes) or either "
+                        "(both, the default)")
+    s.add_argument("--memory-gb", type=float, default=0.0,
+                   help="a device's memory: configurations that need more are dropped")
+    s.add_argument("--cores", type=int, default=0,
+                   help="cores per machine (default: as calibrated)")
+    s.add_argument("--top", type=int, default=10, help="configurations listed (default 10)")
+    s.add_argument("--out", default="", help="folder for search.json and the PNGs")
+    s.set_defaults(func=cmd_search)
+
+    r = sub.add_parser("compare", help="two calibrations' coefficients side by side",
+                       description="Print every coefficient of two calibrations and their "
+                                   "relative difference; exit 1 if one differs by more than the "
+                                   "tolerance (calibration repeatability).")
+    r.add_argument("first", help="a calibration JSON")
+    r.add_argument("second", help="another calibration JSON")
+    r.add_argument("--tolerance", type=float, default=0.2,
+                   help="largest relative difference accepted (default 0.2)")
+    r.set_defaults(func=cmd_compare)
+
+    v = sub.add_parser("validate", help="predicted against measured on a grid of real jobs",
+                       description="Run a grid of real jobs on this machine (3 interleaved "
+                                   "trials), predict each from the calibration, and write the "
+                                   "errors, the ranking (Kendall tau), the pick and the knees.")
+    v.add_argument("--calibration", default=DEFAULT_CALIBRATION,
+                   help=f"calibration JSON (default {DEFAULT_CALIBRATION}; made if missing)")
+    v.add_argument("--calibrate", action="store_true", help="calibrate again first")
+    v.add_argument("--models", default="lenet,cifar_resnet20_v1",
+                   help="models (lenet computes real gradients; others push their shapes)")
+    v.add_argument("--clusters", default=",".join(f"{n}x{s}" for n, s in GRID_CLUSTERS),
+                   help="workers x servers (default 1x1,2x1,2x2,4x1,4x2,8x2)")
+    v.add_argument("--stores", default="dist_bsp,dist_asp", help="stores (default dist_bsp,dist_asp)")
+    v.add_argument("--devices", default="60ms,150ms",
+                   help="emulated device times per batch of 64 (default 60ms,150ms)")
+    v.add_argument("--no-mixed", action="store_true",
+                   help="leave out the mixed pair (2 workers at 100ms and 250ms)")
+    v.add_argument("--trials", type=int, default=3, help="interleaved trials (default 3)")
+    v.add_argument("--rounds", type=int, default=20, help="timed iterations per job (default 20)")
+    v.add_argument("--warmup", type=int, default=5, help="untimed iterations first (default 5)")
+    v.add_argument("--max-cases", type=int, default=0, help="run only the first K cases")
+    v.add_argument("--measured", default="",
+                   help="run no job: score the measurements of an earlier validate.json "
+                        "against --calibration")
+    v.add_argument("--no-plots", action="store_true", help="write no PNGs")
+    v.add_argument("--out", default=os.path.join("results", "plan"),
+                   help="folder for validate.{json,csv,md}, the summary and PNGs")
+    v.set_defaults(func=cmd_validate)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)

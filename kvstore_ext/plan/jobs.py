@@ -1,0 +1,167 @@
+"""The worker of the planner's real jobs (``calibrate``'s runtime costs, ``validate``'s grid).
+
+Each iteration is what stock ``gluon.Trainer`` does with a distributed store: the host
+computes the gradients (a real forward and backward pass on MNIST for ``lenet``; none for a
+model given by its shapes only), an emulated device makes the iteration last its device time
+(``launch.py --device``), then one ``pushpull`` per trainable array.  The worker times the
+iterations after a warm-up, and its CPU seconds; worker 0 also reads every server's CPU
+seconds and messages before and after, through the store's ``stats()``.
+
+    python -m kvstore_ext.launch -n 2 -s 1 --device 100ms python -m kvstore_ext.plan.jobs \
+        --kvstore dist_bsp --model lenet --compute --rounds 30 --result /tmp/r-{rank}.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+
+def model_shapes(model: str) -> list[tuple[int, ...]]:
+    """The trainable arrays' shapes of a Gluon model, in push order, or of ``KxN``: K arrays
+    of N elements (the synthetic sets that vary keys and bytes apart in calibration)."""
+    match = re.fullmatch(r"(\d+)x(\d+)", model)
+    if match:       # K arrays of N elements
+        return [(int(match.group(2)),)] * int(match.group(1))
+    import mxnet as mx
+    net, x = build(model)
+    net.initialize()
+    net(x)
+    return [p.shape for p in net.collect_params().values() if p.grad_req != "null"]
+
+
+def build(model: str):
+    """``(net, one input)`` for a model of gluon_trainers.models or GluonCV's zoo."""
+    import mxnet as mx
+    from gluon_trainers.models import MODELS
+    if model in MODELS:
+        return MODELS[model](), mx.nd.zeros((1, 1, 28, 28))
+    from gluoncv.model_zoo import get_model
+    return get_model(model, classes=10), mx.nd.zeros((1, 3, 32, 32))
+
+
+def worker(args) -> int:
+    import mxnet as mx
+    import numpy as np
+    from mxnet import autograd, gluon
+    import kvstore_ext  # noqa: F401
+    from gluon_trainers import straggler as emulation
+
+    kv = mx.kv.create(args.kvstore)
+    rank, n = kv.rank, kv.num_workers
+    rng = np.random.RandomState(rank)
+    mx.random.seed(rank)
+    if args.compute:
+        from gluon_trainers.data import load_mnist, shard
+        net, x = build(args.model)
+        net.initialize(mx.init.Xavier())
+        net(x)
+        params = [p for p in net.collect_params().values() if p.grad_req != "null"]
+        weights, grads = [p.data() for p in params], [p.grad() for p in params]
+        xs, ys, _, _ = load_mnist(None, 4000, 10)
+        xs, ys = shard(xs, ys, rank, n)
+        loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    else:
+        shapes = model_shapes(args.model)
+        weights = [mx.nd.array(rng.uniform(-0.1, 0.1, s)) for s in shapes]
+        grads = [mx.nd.array(rng.uniform(-1, 1, s)) for s in shapes]
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.01, momentum=0.9, wd=1e-4,
+                                      rescale_grad=1.0 / args.batch_size))
+    for k, w in enumerate(weights):
+        kv.init(k, w)
+    mx.nd.waitall()
+    device = emulation.from_env(rank, n, args.batch_size)
+    kv.barrier()
+
+    def iteration(i: int) -> tuple[float, float]:
+        if device.active:
+            device.begin()
+        if args.compute:
+            lo = (i * args.batch_size) % max(1, len(xs) - args.batch_size)
+            data = mx.nd.array(xs[lo:lo + args.batch_size])
+            label = mx.nd.array(ys[lo:lo + args.batch_size])
+            with autograd.record():
+                loss = loss_fn(net(data), label)
+            loss.backward()
+        if device.active:
+            device.end()
+        c0, t0 = time.process_time(), time.perf_counter()
+        for k in range(len(weights)):           # what gluon.Trainer does with a dist store
+            kv.pushpull(k, grads[k], out=weights[k], priority=-k)
+        mx.nd.waitall()
+        return time.process_time() - c0, time.perf_counter() - t0
+
+    for i in range(args.warmup):
+        iteration(i)
+    before = kv.stats()["servers"] if rank == 0 else None
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    comm_cpu = comm_wall = 0.0
+    for i in range(args.rounds):
+        c, w = iteration(args.warmup + i)
+        comm_cpu += c
+        comm_wall += w
+    seconds = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    result = {"rank": rank, "workers": n, "kvstore": args.kvstore, "model": args.model,
+              "rounds": args.rounds, "seconds": seconds, "cpu_s": cpu,
+              "comm_cpu_s": comm_cpu, "comm_wall_s": comm_wall,
+              "keys": len(weights), "elements": int(sum(w.size for w in weights))}
+    if rank == 0:
+        after = kv.stats()["servers"]
+        result["servers"] = [{"cpu_s": a["cpu_s"] - b["cpu_s"],
+                              "messages": a["messages"] - b["messages"],
+                              "updates": a["updates"] - b["updates"]}
+                             for a, b in zip(after, before)]
+    kv.barrier()   # every worker's rounds are done before any reads the servers' clocks again
+    with open(args.result.replace("{rank}", str(rank)), "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+def run_job(kvstore: str, model: str, workers: int, servers: int, *, compute: bool,
+            device: str = "", rounds: int = 30, warmup: int = 5, batch_size: int = 64,
+            timeout: float = 900) -> list[dict]:
+    """Run one job of ``workers`` x ``servers`` on this machine; every worker's result."""
+    import tempfile
+    from ..launch import run_local_job
+    with tempfile.TemporaryDirectory(prefix="kvx-plan-") as tmp:
+        result = os.path.join(tmp, "r-{rank}.json")
+        cmd = [sys.executable, "-m", "kvstore_ext.plan.jobs", "--kvstore", kvstore, "--model",
+               model, "--rounds", str(rounds), "--warmup", str(warmup), "--batch-size",
+               str(batch_size), "--result", result] + (["--compute"] if compute else [])
+        options = ["--device", device, "--device-batch", str(batch_size)] if device else []
+        run_local_job(workers, servers, cmd, options=options, timeout=timeout)
+        out = []
+        for r in range(workers):
+            with open(result.replace("{rank}", str(r))) as f:
+                out.append(json.load(f))
+        return out
+
+
+def seconds_per_iteration(results: list[dict], kvstore: str) -> float:
+    """The job's mean time per iteration of one worker: the slowest worker's under a
+    synchronous store (all keep its pace), else n over the sum of the workers' rates."""
+    times = [r["seconds"] / r["rounds"] for r in results]
+    if kvstore in ("dist_bsp", "dist_sync", "dist_psp"):
+        return max(times)
+    return len(times) / sum(1.0 / t for t in times)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="One worker of a planner job (run by launch.py).")
+    p.add_argument("--kvstore", required=True, help="store type")
+    p.add_argument("--model", required=True,
+                   help="a gluon_trainers or GluonCV model, or KxN: K arrays of N elements")
+    p.add_argument("--compute", action="store_true",
+                   help="compute real gradients on MNIST each iteration (else the arrays only)")
+    p.add_argument("--rounds", type=int, default=30, help="timed iterations (default 30)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed iterations first (default 5)")
+    p.add_argument("--batch-size", type=int, default=64, help="batch per worker (default 64)")
+    p.add_argument("--result", required=True, help="JSON path ({rank} replaced by the rank)")
+    return worker(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

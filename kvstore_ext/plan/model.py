@@ -1,0 +1,354 @@
+"""The performance model: seconds per iteration of a data-parallel job, from calibrated costs.
+
+Yan et al. (KDD 2015) model an iteration as the compute of every layer, slowed by the
+interference of the processes sharing a host (their Eq. 9), plus the time to move the
+weights to and from the parameter servers, which lies between a best case, where a replica
+reads every server in parallel, and a worst case, where all replicas queue at one server
+(Eq. 10-11).  Their servers were free; here a server is one Python process whose CPU time per
+message, per key and per byte is measured (``calibrate``), so the model places the queue where
+it really forms: on the busiest server of the partition MXNet's rule makes.  It adds the
+synchronous store (a round waits for the slowest worker, then for the server to serve every
+worker's push) and, for every process sharing a host of ``cores`` cores, the roofline bound:
+the host cannot do more CPU work per second than it has cores.
+
+All of it is arithmetic on numpy arrays, so the search evaluates 10^5 configurations at once;
+:func:`predict` is the same code on one configuration.  Stores whose pace depends on the policy
+with uneven workers (SSP, DSSP, PSP) are handed to the simulator (:func:`simulated_time`),
+which drives the real policy objects with these service times and wire delays.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..ps.partition import Partitioner
+
+#: stores the closed form covers; the others are simulated
+CLOSED_FORM = ("dist_bsp", "dist_asp", "dist_ssp", "dist_dssp", "dist_ssgd", "dist_dcs3gd")
+#: what can bound an iteration, in the order the breakdown lists them
+BOTTLENECKS = ("compute", "barrier wait", "worker CPU", "worker link", "server CPU",
+               "server link", "host CPU")
+BYTES_PER_PARAM = 4
+
+
+@dataclass
+class Costs:
+    """Calibrated coefficients, in seconds (``calibrate`` measures them; see docs/planner.md).
+
+    The worker's CPU per round is ``worker_msg`` per server message plus ``worker_key`` per key
+    plus ``worker_byte`` per gradient byte (reading gradients out of MXNet, planning, sealing,
+    opening the reply, writing the weights back).  A server's CPU per push message is
+    ``server_msg + server_key * keys + server_byte * bytes`` (opening, checks, the policy,
+    gathering, the reply), and per optimizer application ``opt_key * keys + opt_param *
+    params``.  A message crosses a link in ``latency + bytes / bandwidth``.  ``interference[k]``
+    is the slow-down of one process's compute when k compute at once on one host.
+    """
+
+    worker_msg: float = 2e-4
+    worker_key: float = 2e-5
+    worker_byte: float = 2e-9
+    server_msg: float = 3e-4
+    server_key: float = 3e-5
+    server_byte: float = 1e-9
+    opt_key: float = 2e-5
+    opt_param: float = 2e-9
+    latency: float = 5e-5
+    bandwidth: float = 2e9
+    allreduce_latency: float = 2e-4
+    allreduce_bandwidth: float = 5e8
+    interference: dict = field(default_factory=lambda: {1: 1.0})
+    cores: int = 2
+
+    def interference_at(self, k):
+        """Slow-down at ``k`` concurrent processes (array or number): measured points,
+        linear between them, and beyond the last one growing as k / cores does."""
+        ks = np.array(sorted(int(x) for x in self.interference), dtype=float)
+        fs = np.array([self.interference[int(x)] for x in ks], dtype=float)
+        k = np.asarray(k, dtype=float)
+        inside = np.interp(k, ks, fs)
+        last_k, last_f = ks[-1], fs[-1]
+        beyond = last_f * np.maximum(k, 1.0) / last_k
+        return np.where(k > last_k, np.maximum(beyond, last_f), inside)
+
+    @classmethod
+    def from_calibration(cls, data: dict) -> "Costs":
+        c = data["coefficients"]
+        return cls(**{k: (v if k != "interference" else {int(a): b for a, b in v.items()})
+                      for k, v in c.items() if k in cls.__dataclass_fields__})
+
+    def to_dict(self) -> dict:
+        return {k: (getattr(self, k) if k != "interference"
+                    else {str(a): b for a, b in sorted(self.interference.items())})
+                for k in self.__dataclass_fields__}
+
+
+@dataclass
+class ModelProfile:
+    """What the model needs to know about a network: its trainable arrays (elements each,
+    in the order ``gluon.Trainer`` pushes them), and its host compute per iteration,
+    ``compute_fixed + compute_per_sample * batch`` seconds (fitted per layer by ``calibrate``)."""
+
+    name: str
+    key_sizes: list
+    compute_fixed: float = 0.0
+    compute_per_sample: float = 0.0
+    activation_elements_per_sample: float = 0.0
+    layers: list = field(default_factory=list)
+
+    @property
+    def params(self) -> int:
+        return int(sum(self.key_sizes))
+
+    def memory_bytes(self, batch_size):
+        """A worker's training memory: weights, gradients and momentum, and every layer's
+        output kept for the backward pass with its gradient."""
+        return BYTES_PER_PARAM * (3 * self.params + 2 * self.activation_elements_per_sample
+                                  * np.asarray(batch_size, dtype=float))
+
+    @classmethod
+    def from_calibration(cls, data: dict, model: str) -> "ModelProfile":
+        if model not in data.get("profiles", {}):
+            raise ValueError(f"the calibration has no profile of model {model!r} (it has: "
+                             f"{', '.join(sorted(data.get('profiles', {})))}); run "
+                             f"'plan calibrate --models {model}'")
+        return cls(model, **data["profiles"][model])
+
+    def host_time(self, batch_size):
+        return np.maximum(self.compute_fixed + self.compute_per_sample
+                          * np.asarray(batch_size, dtype=float), 0.0)
+
+    def placement(self, servers: int, bigarray_bound: int = 1_000_000) -> list[tuple[int, int]]:
+        """``(items, elements)`` each server holds, as the workers' partitioner places them:
+        small keys whole on ``key % servers``, keys of ``bigarray_bound`` elements or more
+        cut across every server."""
+        part = Partitioner(servers, bigarray_bound)
+        held = [[0, 0] for _ in range(servers)]
+        for key, size in enumerate(self.key_sizes):
+            for block in part.blocks(key, int(size)):
+                held[block.server][0] += 1
+                held[block.server][1] += block.size
+        return [tuple(h) for h in held]
+
+
+def busiest(profile: ModelProfile, servers: int, costs: Costs, workers: int,
+            bigarray_bound: int = 1_000_000) -> dict:
+    """The server with the most CPU per round (one push message from each of ``workers``):
+    its ``keys`` (items) and ``elements``; how many servers get a message from each worker
+    (``messages``), the most elements on one server, and the items on all (a key cut across
+    servers counts once per block)."""
+    held = profile.placement(servers, bigarray_bound)
+    used = [h for h in held if h[0]]
+
+    def load(h):
+        return workers * (costs.server_msg + costs.server_key * h[0]
+                          + costs.server_byte * BYTES_PER_PARAM * h[1])
+    keys, elements = max(used, key=load)
+    return {"keys": keys, "elements": elements, "messages": len(used),
+            "max_elements": max(h[1] for h in used), "items": sum(h[0] for h in used)}
+
+
+def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elements,
+                   messages, server_keys, server_elements, server_max_elements, costs: Costs,
+                   device_max_s=None, shared_host=True, bandwidth=None, overlap=1.0,
+                   colocated=False):
+    """Seconds per iteration of one worker, and the time of each part, for arrays of
+    configurations (numpy broadcasting; scalars work).
+
+    ``host_s``: the host's compute per iteration alone; ``device_s``: the device's time (0 when
+    the host computes; ``device_max_s`` the slowest worker's, for BSP's barrier).  ``keys`` and
+    ``elements`` are the model's, ``server_*`` the busiest server's share, ``messages`` the
+    servers a worker sends to.  ``shared_host``: every process on one host of ``costs.cores``
+    (this machine); otherwise each worker and server has its own host, or with ``colocated``
+    the servers share the workers' hosts (a server's CPU then bounds its host's).  Returns ``(seconds, parts)``
+    where ``parts`` maps each of :data:`BOTTLENECKS` to an array of seconds on the iteration's
+    path: they add up to ``seconds``.
+    """
+    n = np.asarray(workers, dtype=float)
+    bw = costs.bandwidth if bandwidth is None else bandwidth
+    nbytes = BYTES_PER_PARAM * np.asarray(elements, dtype=float)
+    sbytes = BYTES_PER_PARAM * np.asarray(server_elements, dtype=float)
+    smax_bytes = BYTES_PER_PARAM * np.asarray(server_max_elements, dtype=float)
+    # on one shared host, the compute of n workers is slowed by C_interf(n) (the paper's Eq. 9)
+    contention = costs.interference_at(n) if shared_host else np.ones_like(n)
+    host = np.asarray(host_s, dtype=float) * contention
+    device = np.asarray(device_s, dtype=float)
+    compute = np.maximum(host, device)
+    slowest = compute if device_max_s is None else np.maximum(host, device_max_s)
+    worker_cpu = (costs.worker_msg * np.asarray(messages) + costs.worker_key * np.asarray(keys)
+                  + costs.worker_byte * nbytes)
+    link = 2 * costs.latency + 2 * smax_bytes / bw
+    push_cpu = (costs.server_msg + costs.server_key * np.asarray(server_keys)
+                + costs.server_byte * sbytes)
+    apply_cpu = costs.opt_key * np.asarray(server_keys) + costs.opt_param * np.asarray(
+        server_elements, dtype=float)
+    zero = np.zeros(np.broadcast(n, compute, worker_cpu, push_cpu).shape)
+    parts = {name: zero.copy() for name in BOTTLENECKS}
+    store = np.asarray(store)
+    sync = np.isin(store, ("dist_bsp", "dist_psp"))
+    allreduce = np.isin(store, ("dist_ssgd", "dist_dcs3gd"))
+
+    # a synchronous round: the slowest worker, then every worker's push served on the
+    # busiest server, one optimizer application, the replies
+    server_round = n * push_cpu + apply_cpu
+    server_link = 2 * n * sbytes / bw
+    sync_time = slowest + worker_cpu + link + np.maximum(server_round, server_link)
+    # an asynchronous worker: its own push served and applied; the servers cap the job's rate
+    # at one push per (push + apply) on the busiest server, or per its link's transfer
+    own = compute + worker_cpu + link + push_cpu + apply_cpu
+    async_cap = n * np.maximum(push_cpu + apply_cpu, 2 * sbytes / bw)
+    async_time = np.maximum(own, async_cap)
+    # allreduce (Gloo's ring): 2(n-1) steps, each moving 1/n of the bytes; DC-S3GD overlaps it
+    # with the next iteration's compute (``overlap`` = the share hidden)
+    ring = np.where(n > 1, 2 * (n - 1) * costs.allreduce_latency
+                    + 2 * (n - 1) / n * nbytes / costs.allreduce_bandwidth, 0.0)
+    hidden = np.where(store == "dist_dcs3gd", overlap, 0.0)
+    ar_time = slowest + worker_cpu + np.maximum(ring - hidden * slowest, 0.0)
+    seconds = np.where(sync, sync_time, np.where(allreduce, ar_time, async_time))
+
+    # one host's cores: every process's CPU in the time of one iteration of each worker
+    # (all servers together: every key is on one of them, a message goes to each that holds some)
+    all_push = n * (costs.server_msg * np.asarray(messages) + costs.server_key * np.asarray(keys)
+                    + costs.server_byte * nbytes)
+    all_apply = costs.opt_key * np.asarray(keys) + costs.opt_param * np.asarray(elements, dtype=float)
+    server_cpu = np.where(allreduce, 0.0, all_push + np.where(sync, 1.0, n) * all_apply)
+    cpu = n * (np.asarray(host_s, dtype=float) + worker_cpu) + server_cpu
+    # what sharing costs beyond the cores' count (switches, caches): C_interf(n) x cores / n
+    efficiency = np.maximum(contention * costs.cores / np.maximum(n, 1.0), 1.0)
+    host_bound = np.where(shared_host, cpu * efficiency / costs.cores, 0.0)
+    on_host = np.asarray(host_s, dtype=float) + worker_cpu + np.where(
+        allreduce, 0.0, np.where(sync, server_round, n * (push_cpu + apply_cpu)))
+    host_bound = np.maximum(host_bound, np.where(np.logical_and(colocated, np.logical_not(shared_host)),
+                                                 on_host / costs.cores, 0.0))
+    seconds = np.maximum(seconds, host_bound)
+
+    # the breakdown: each part's time on the iteration's path, so that the parts add up to it
+    cpu_bound_srv = push_cpu + apply_cpu >= 2 * sbytes / bw
+    async_wait = np.maximum(async_time - own, 0.0)          # queueing at the busiest server
+    parts["compute"] = zero + compute
+    parts["barrier wait"] = zero + np.where(sync | allreduce, slowest - compute, 0.0)
+    parts["worker CPU"] = zero + worker_cpu
+    parts["worker link"] = zero + np.where(allreduce, np.maximum(ring - hidden * slowest, 0.0),
+                                           link)
+    parts["server CPU"] = zero + np.where(
+        allreduce, 0.0, np.where(sync, np.where(server_round >= server_link, server_round, 0.0),
+                                 push_cpu + apply_cpu + np.where(cpu_bound_srv, async_wait, 0.0)))
+    parts["server link"] = zero + np.where(
+        allreduce, 0.0, np.where(sync, np.where(server_round >= server_link, 0.0, server_link),
+                                 np.where(cpu_bound_srv, 0.0, async_wait)))
+    on_path = sum(parts[k] for k in BOTTLENECKS if k != "host CPU")
+    parts["host CPU"] = np.maximum(seconds - on_path, 0.0)   # waiting for this host's cores
+    return seconds, parts
+
+
+def bottleneck(parts: dict, index=()) -> str:
+    """The part that takes the most time of the iteration ``index`` names."""
+    return max(BOTTLENECKS, key=lambda name: float(np.asarray(parts[name])[index]))
+
+
+@dataclass
+class Prediction:
+    seconds: float                 # per iteration, of one worker (the job's mean)
+    samples_per_s: float           # of the whole job
+    epoch_s: float | None          # for ``dataset_size`` samples
+    parts: dict
+    bottleneck: str
+    method: str = "closed form"    # or "simulator"
+
+    def to_dict(self) -> dict:
+        return {"seconds_per_iteration": self.seconds, "samples_per_s": self.samples_per_s,
+                "epoch_s": self.epoch_s, "bottleneck": self.bottleneck, "method": self.method,
+                "parts": {k: float(v) for k, v in self.parts.items()}}
+
+
+def predict(profile: ModelProfile, costs: Costs, *, store: str = "dist_bsp", workers: int = 1,
+            servers: int = 1, batch_size: int = 64, device_s=0.0, bigarray_bound: int = 1_000_000,
+            shared_host: bool = True, bandwidth: float | None = None, dataset_size: int | None = None,
+            params: dict | None = None, overlap: float = 1.0, horizon_iterations: int = 400,
+            seed: int = 0, host_compute: bool = True, colocated: bool = False) -> Prediction:
+    """Time per iteration, samples/s and epoch time of one configuration.
+
+    ``device_s`` is one device time for every worker or one per worker (seconds per iteration
+    at ``batch_size``; 0: the host computes).  Uneven devices under SSP, DSSP or PSP go to the
+    simulator with the closed form's per-part times as its service times and delays.
+    ``host_compute``: the host computes the gradients (this machine, where devices are
+    emulated on top); False for real accelerators, whose hosts only feed them.
+    """
+    devices = [float(device_s)] * workers if np.isscalar(device_s) else [float(d) for d in device_s]
+    if len(devices) != workers:
+        raise ValueError(f"device_s gives {len(devices)} device times for {workers} workers")
+    if store not in CLOSED_FORM + ("dist_psp",):
+        raise ValueError(f"the model has no equations for store {store!r} "
+                         f"(it covers {', '.join(CLOSED_FORM + ('dist_psp',))})")
+    place = busiest(profile, servers, costs, workers, bigarray_bound)
+    host = float(profile.host_time(batch_size)) if host_compute else 0.0
+    uneven = len(set(devices)) > 1
+    common = dict(workers=workers, batch_size=batch_size, host_s=host, keys=place["items"],
+                  elements=profile.params, messages=place["messages"],
+                  server_keys=place["keys"], server_elements=place["elements"],
+                  server_max_elements=place["max_elements"], costs=costs,
+                  shared_host=shared_host, bandwidth=bandwidth, overlap=overlap,
+                  colocated=colocated)
+    method = "closed form"
+    if store == "dist_asp" and uneven:
+        # every worker at its own pace: the job's rate is the sum of the workers' rates
+        own = [iteration_time(store=store, device_s=d, **common)[0] for d in devices]
+        rate = sum(1.0 / float(t) for t in own)
+        seconds_arr, parts = iteration_time(store=store, device_s=float(np.mean(devices)), **common)
+        # ... and the busiest server serves one push (and its apply) at a time
+        cap = workers * max(float(parts["server CPU"]), float(parts["server link"]))
+        seconds = max(workers / rate, cap)
+    elif store in ("dist_ssp", "dist_dssp", "dist_psp") and (uneven or store == "dist_psp"):
+        seconds_arr, parts = iteration_time(
+            store="dist_bsp" if store == "dist_psp" else "dist_asp",
+            device_s=float(np.mean(devices)), device_max_s=max(devices), **common)
+        push_s, apply_s = server_service(costs, place)
+        seconds = simulated_time(store, params or {}, devices, host,
+                                 parts["worker CPU"] + parts["worker link"], push_s, apply_s,
+                                 workers, horizon_iterations, seed, costs, shared_host)
+        method = "simulator"
+    else:
+        seconds_arr, parts = iteration_time(store=store, device_s=float(np.mean(devices)),
+                                            device_max_s=max(devices), **common)
+        seconds = float(seconds_arr)
+    samples = workers * batch_size / seconds
+    return Prediction(seconds, samples, dataset_size / samples if dataset_size else None,
+                      {k: float(v) for k, v in parts.items()}, bottleneck(parts), method)
+
+
+def server_service(costs: Costs, place: dict) -> tuple[float, float]:
+    """The busiest server's CPU seconds per push message, and per optimizer application."""
+    keys, elements = place["keys"], place["elements"]
+    return (costs.server_msg + costs.server_key * keys
+            + costs.server_byte * BYTES_PER_PARAM * elements,
+            costs.opt_key * keys + costs.opt_param * elements)
+
+
+def simulated_time(store: str, params: dict, devices, host: float, comm: float, push_s: float,
+                   apply_s: float, workers: int, horizon_iterations: int, seed: int, costs: Costs,
+                   shared_host: bool) -> float:
+    """Mean seconds per iteration from the discrete-event simulator, whose workers compute for
+    their device's time (or the host's, slowed by the others computing), then spend ``comm``
+    (their CPU and the link), and whose server serves pushes one at a time for ``push_s`` each,
+    plus ``apply_s`` when the policy applies (``simulate``'s ``service`` and ``apply_time``).
+    ``dist_psp``'s per-block rounds are simulated with the server's round as a delay."""
+    from .. import registry
+    from ..simulate import simulate
+    params = registry.lookup(store).check(dict(params or {}))   # the store's defaults filled in
+    conc = workers if shared_host else 1
+    host_slow = host * float(costs.interference_at(conc))
+    times = [max(d, host_slow) for d in devices]
+    fastest = min(times)
+    horizon = horizon_iterations * (max(times) + comm + (push_s + apply_s) * workers)
+    if store == "dist_psp":
+        extra = {"latency": comm + workers * push_s + apply_s}
+    else:
+        extra = {"latency": comm, "service": push_s, "apply_time": apply_s}
+    r = simulate(store, params, [fastest / t for t in times], horizon, base_time=fastest,
+                 seed=seed, **extra)
+    return workers * horizon / max(r.total_iterations, 1)
+
+
+def epoch_seconds(samples_per_s: float, dataset_size: int) -> float:
+    return dataset_size / samples_per_s if samples_per_s > 0 else math.inf

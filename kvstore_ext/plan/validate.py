@@ -1,0 +1,216 @@
+"""Predicted against measured: a grid of real jobs on this machine (``plan validate``).
+
+Each case is a real job started by launch.py (scheduler, servers, workers on 127.0.0.1) whose
+workers do what stock ``gluon.Trainer`` does, with emulated devices (:mod:`.jobs`).  LeNet's
+workers compute real gradients on MNIST; cifar_resnet20_v1's push its real shapes and let
+the device time stand for the compute (a ResNet-20 step on this host's CPU would be the
+device, not an emulation of one).  Trials are interleaved case by case, so drift hits every
+case alike; each case's figure is the median of its trials.  The model's prediction of the
+same case comes from the calibration, on this machine's terms: every process on one host of
+its cores.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+from .model import Costs, ModelProfile, predict
+
+GRID_CLUSTERS = ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (8, 2))
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    workers: int
+    servers: int
+    store: str
+    device: str            # launch.py --device: "150ms" for all, or one per worker
+    compute: bool          # the host computes real gradients
+    batch_size: int = 64
+
+    @property
+    def label(self) -> str:
+        return (f"{self.model} {self.workers}x{self.servers} {self.store} {self.device}"
+                + ("" if self.compute else " (device only)"))
+
+    def device_seconds(self) -> list[float]:
+        from ..devices import parse_devices
+        return parse_devices(self.device, self.workers, None, self.batch_size)
+
+
+def grid(models=("lenet", "cifar_resnet20_v1"), clusters=GRID_CLUSTERS,
+         stores=("dist_bsp", "dist_asp"), devices=("60ms", "150ms"), mixed=True) -> list[Case]:
+    """The validation grid, and the mixed-speed pair (one device 2.5x slower than the other)."""
+    cases = [Case(m, n, s, st, d, m == "lenet")
+             for m, (n, s), st, d in itertools.product(models, clusters, stores, devices)]
+    if mixed:
+        cases += [Case("lenet", 2, 1, st, "100ms,250ms", True) for st in stores]
+    return cases
+
+
+def predicted(case: Case, profile: ModelProfile, costs: Costs) -> float:
+    return predict(profile, costs, store=case.store, workers=case.workers,
+                   servers=case.servers, batch_size=case.batch_size,
+                   device_s=case.device_seconds(), shared_host=True,
+                   host_compute=case.compute).seconds
+
+
+def run(cases: list[Case], trials: int, rounds: int, warmup: int, progress=None) -> dict:
+    """Seconds per iteration of every case in every trial, trials interleaved."""
+    from .jobs import run_job, seconds_per_iteration
+    measured = {c: [] for c in cases}
+    for _ in range(trials):
+        for c in cases:
+            results = run_job(c.store, c.model, c.workers, c.servers, compute=c.compute,
+                              device=c.device, rounds=rounds, warmup=warmup,
+                              batch_size=c.batch_size)
+            measured[c].append(seconds_per_iteration(results, c.store))
+            if progress:
+                progress(c)
+    return measured
+
+
+def kendall_tau(a, b) -> float:
+    """Kendall's tau-b of two sequences (ties counted as neither concordant nor discordant)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    conc = disc = ties_a = ties_b = 0
+    for i in range(len(a)):
+        for j in range(i + 1, len(a)):
+            da, db = np.sign(a[i] - a[j]), np.sign(b[i] - b[j])
+            if da == 0 and db == 0:
+                continue
+            if da == 0:
+                ties_a += 1
+            elif db == 0:
+                ties_b += 1
+            elif da == db:
+                conc += 1
+            else:
+                disc += 1
+    denom = np.sqrt((conc + disc + ties_a) * (conc + disc + ties_b))
+    return float((conc - disc) / denom) if denom else 1.0
+
+
+def knee_of(curve: dict, gain: float = 0.05) -> int:
+    """The first worker count after which the next one (m workers more) adds less than m x
+    ``gain`` of the throughput; the last if none."""
+    ns = sorted(curve)
+    for a, nxt in zip(ns, ns[1:]):
+        if curve[nxt] < curve[a] * (1 + gain * (nxt - a)):
+            return a
+    return ns[-1]
+
+
+def summarise(rows: list[dict]) -> dict:
+    """The figures: error of predicted time per iteration, ranking, the pick and the knee."""
+    errors = [abs(r["error"]) for r in rows]
+    out = {"cases": len(rows), "median_abs_error": statistics.median(errors),
+           "max_abs_error": max(errors), "over_25pct": sum(e > 0.25 for e in errors),
+           "groups": []}
+    groups = {}
+    for r in rows:
+        if "," in r["device"]:
+            continue     # the mixed pair is judged by its error only
+        groups.setdefault((r["model"], r["device"]), []).append(r)
+    taus = []
+    for (model, device), rs in sorted(groups.items()):
+        tau = kendall_tau([r["predicted_samples_per_s"] for r in rs],
+                          [r["measured_samples_per_s"] for r in rs])
+        taus.append(tau)
+        pick = max(rs, key=lambda r: r["predicted_samples_per_s"])
+        best = max(rs, key=lambda r: r["measured_samples_per_s"])
+        knees = {}
+        for store in sorted({r["store"] for r in rs}):
+            pred, meas = {}, {}
+            for r in rs:
+                if r["store"] == store:
+                    pred[r["workers"]] = max(pred.get(r["workers"], 0), r["predicted_samples_per_s"])
+                    meas[r["workers"]] = max(meas.get(r["workers"], 0), r["measured_samples_per_s"])
+            kp, km = knee_of(pred), knee_of(meas)
+            ns = sorted(pred)
+            knees[store] = {"predicted": kp, "measured": km,
+                            "within_one_step": abs(ns.index(kp) - ns.index(km)) <= 1}
+        out["groups"].append({
+            "model": model, "device": device, "kendall_tau": tau,
+            "pick": pick["label"], "best": best["label"],
+            "pick_vs_best": pick["measured_samples_per_s"] / best["measured_samples_per_s"],
+            "knees": knees})
+    out["kendall_tau_min"] = min(taus) if taus else None
+    out["kendall_tau_all"] = kendall_tau([r["predicted_samples_per_s"] for r in rows],
+                                         [r["measured_samples_per_s"] for r in rows])
+    return out
+
+
+def table_rows(cases, measured, calibration: dict) -> list[dict]:
+    costs = Costs.from_calibration(calibration)
+    rows = []
+    for c in cases:
+        profile = ModelProfile.from_calibration(calibration, c.model)
+        pred = predicted(c, profile, costs)
+        meas = statistics.median(measured[c])
+        rows.append({"label": c.label, "model": c.model, "workers": c.workers,
+                     "servers": c.servers, "store": c.store, "device": c.device,
+                     "host_compute": c.compute, "predicted_s": pred, "measured_s": meas,
+                     "predicted_ms": pred * 1e3, "measured_ms": meas * 1e3,
+                     "trials_s": measured[c], "error": pred / meas - 1.0,
+                     "predicted_samples_per_s": c.workers * c.batch_size / pred,
+                     "measured_samples_per_s": c.workers * c.batch_size / meas})
+    return rows
+
+
+def plot(rows: list[dict], out_dir: str) -> list[str]:
+    """predicted-vs-measured.png (with the +-25% band) and throughput-vs-workers.png."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    paths = []
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for model, marker in (("lenet", "o"), ("cifar_resnet20_v1", "s")):
+        for store, color in (("dist_bsp", "tab:blue"), ("dist_asp", "tab:orange")):
+            rs = [r for r in rows if r["model"] == model and r["store"] == store]
+            if rs:
+                ax.scatter([r["measured_s"] * 1e3 for r in rs], [r["predicted_s"] * 1e3 for r in rs],
+                           marker=marker, color=color, label=f"{model} {store}", s=22)
+    top = max(max(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 1.1
+    xs = np.linspace(0, top, 50)
+    ax.plot(xs, xs, "k-", lw=0.8)
+    ax.fill_between(xs, xs * 0.75, xs * 1.25, color="grey", alpha=0.2, label="±25%")
+    ax.set_xlabel("measured ms per iteration (median of trials)")
+    ax.set_ylabel("predicted ms per iteration")
+    ax.legend(fontsize=7)
+    ax.set_title("kvstore_ext.plan: predicted against measured")
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "predicted_vs_measured.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    groups = sorted({(r["model"], r["device"]) for r in rows if "," not in r["device"]})
+    fig, axes = plt.subplots(1, len(groups), figsize=(4 * len(groups), 3.6), squeeze=False)
+    for ax, (model, device) in zip(axes[0], groups):
+        for store, color in (("dist_bsp", "tab:blue"), ("dist_asp", "tab:orange")):
+            for key, style in (("measured_samples_per_s", "-o"), ("predicted_samples_per_s", "--x")):
+                curve = {}
+                for r in rows:
+                    if (r["model"], r["device"], r["store"]) == (model, device, store):
+                        curve[r["workers"]] = max(curve.get(r["workers"], 0), r[key])
+                if curve:
+                    ns = sorted(curve)
+                    ax.plot(ns, [curve[n] for n in ns], style, color=color,
+                            label=f"{store} {key.split('_')[0]}")
+                    if key.startswith("measured"):
+                        k = knee_of(curve)
+                        ax.axvline(k, color=color, lw=0.6, ls=":")
+        ax.set_title(f"{model}, {device}", fontsize=9)
+        ax.set_xlabel("workers (best servers)")
+        ax.set_ylabel("samples/s")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    paths.append(os.path.join(out_dir, "throughput_vs_workers.png"))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths

@@ -1,0 +1,85 @@
+"""The planner end to end on this machine: a quick calibration from real measurements and
+real jobs, predictions checked against two real jobs, and the search and predict commands."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def plan(*args, timeout=600):
+    proc = subprocess.run([sys.executable, "-m", "kvstore_ext.plan", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def calibration(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plan") / "calibration.json"
+    out = plan("calibrate", "--quick", "--models", "lenet", "--out", str(path))
+    assert "R^2" in out
+    return path
+
+
+def test_calibration_measures_every_coefficient(calibration):
+    data = json.loads(calibration.read_text())
+    c = data["coefficients"]
+    for name in ("worker_key", "worker_byte", "server_msg", "server_key", "server_byte",
+                 "opt_key", "opt_param", "latency", "bandwidth"):
+        assert 0 <= c[name] < float("inf"), (name, c[name])
+    # what the real runtime costs here, within wide bounds that a unit slip would leave
+    assert 1e-6 < c["server_key"] + c["server_msg"] < 0.05
+    assert 1e7 < c["bandwidth"] < 1e11
+    assert set(c["interference"]) == {"1", "2"} and c["interference"]["1"] == 1.0
+    assert data["profiles"]["lenet"]["key_sizes"] == [500, 20, 25000, 50, 400000, 500, 5000, 10]
+    assert data["compute"]["lenet"]["fit"]["per_sample"] > 0
+    assert {row["fit"] for row in data["fits"]} >= {"wire", "optimizer", "worker runtime",
+                                                    "server runtime", "compute lenet"}
+
+
+def test_predictions_match_two_real_jobs(calibration, tmp_path):
+    """dist_bsp and dist_asp, 2 workers x 1 server, LeNet computing real gradients on
+    emulated 100 ms devices: the model's time per iteration within the paper's 25%."""
+    out = plan("validate", "--calibration", str(calibration), "--models", "lenet",
+               "--clusters", "2x1", "--stores", "dist_bsp,dist_asp", "--devices", "100ms",
+               "--no-mixed", "--trials", "1", "--rounds", "12", "--warmup", "3",
+               "--out", str(tmp_path))
+    rows = json.loads((tmp_path / "validate.json").read_text())["rows"]
+    assert [r["store"] for r in rows] == ["dist_bsp", "dist_asp"], out
+    for r in rows:
+        assert r["measured_s"] > 0.1, r      # a device time of 100 ms is a floor
+        assert abs(r["error"]) < 0.25, r
+    summary = json.loads((tmp_path / "validate_summary.json").read_text())
+    assert summary["cases"] == 2 and summary["max_abs_error"] < 0.25
+    assert (tmp_path / "predicted_vs_measured.png").stat().st_size > 5000
+    assert (tmp_path / "validate.csv").exists()
+
+
+def test_predict_and_search_read_the_calibration(calibration, tmp_path):
+    out = json.loads(plan("predict", "--calibration", str(calibration), "--model", "lenet",
+                          "-n", "4", "-s", "2", "--store", "dist_asp", "--device", "150ms",
+                          "--json"))
+    assert out["seconds_per_iteration"] >= 0.15 and out["bottleneck"] in out["parts"]
+    text = plan("search", "--calibration", str(calibration), "--model", "lenet", "--cluster",
+                "--device", "40ms", "--machines", "12", "--max-workers", "12",
+                "--out", str(tmp_path))
+    assert "knee of dist_bsp" in text and "configurations evaluated" in text
+    found = json.loads((tmp_path / "search.json").read_text())
+    assert found["top"] and all(r["machines"] <= 12 for r in found["top"])
+    assert all(abs(r["simulator_vs_model"]) < 0.05 for r in found["top"])
+    for png in ("search_throughput.png", "search_heatmap.png", "search_breakdown.png"):
+        assert (tmp_path / png).stat().st_size > 5000
+
+
+def test_a_missing_calibration_or_model_is_named(calibration, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "kvstore_ext.plan", "predict", "--calibration",
+                           str(tmp_path / "none.json")], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode != 0 and "none.json" in proc.stderr and "calibrate" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "kvstore_ext.plan", "predict", "--calibration",
+                           str(calibration), "--model", "vgg99"], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert proc.returncode != 0 and "vgg99" in proc.stderr

@@ -1,0 +1,249 @@
+"""The planner's equations on hand-worked cases, the search against brute force, and the
+closed form against the simulator that drives the real policies."""
+import itertools
+import time
+
+import numpy as np
+import pytest
+
+from kvstore_ext.plan.calibrate import fit
+from kvstore_ext.plan.model import Costs, ModelProfile, busiest, iteration_time, predict
+from kvstore_ext.plan.search import Space, evaluate, knees, rank
+from kvstore_ext.plan.validate import kendall_tau, knee_of
+from kvstore_ext.ps.partition import Partitioner
+from kvstore_ext.simulate import simulate
+
+
+def costs(**over) -> Costs:
+    base = dict(worker_msg=1e-3, worker_key=1e-4, worker_byte=1e-9, server_msg=2e-3,
+                server_key=1e-4, server_byte=1e-9, opt_key=1e-4, opt_param=1e-9, latency=1e-4,
+                bandwidth=1e9, allreduce_latency=1e-4, allreduce_bandwidth=1e9,
+                interference={1: 1.0, 2: 1.5}, cores=2)
+    base.update(over)
+    return Costs(**base)
+
+
+PROFILE = ModelProfile("toy", [1000, 250_000], compute_fixed=0.0, compute_per_sample=0.0)
+
+
+def one(store, n, device=0.1, host=0.0, shared=False, c=None, **kw):
+    c = c or costs()
+    place = busiest(PROFILE, 1, c, n)
+    seconds, parts = iteration_time(
+        store=store, workers=n, batch_size=64, host_s=host, device_s=device,
+        keys=place["items"], elements=PROFILE.params, messages=place["messages"],
+        server_keys=place["keys"], server_elements=place["elements"],
+        server_max_elements=place["max_elements"], costs=c, shared_host=shared, **kw)
+    return float(seconds), {k: float(v) for k, v in parts.items()}
+
+
+def test_bsp_round_by_hand():
+    # worker CPU 1e-3 + 2 keys x 1e-4 + 1,004,000 B x 1e-9 = 2.204 ms; link 2 x 0.1 ms + 2 x
+    # 1.004 ms = 2.208 ms; a push on the server 2 + 0.2 + 1.004 = 3.204 ms; one apply 0.2 +
+    # 0.251 = 0.451 ms; the round serves both workers' pushes: 6.859 ms
+    seconds, parts = one("dist_bsp", 2)
+    assert seconds == pytest.approx(0.1 + 0.002204 + 0.002208 + 0.006859)
+    assert parts["server CPU"] == pytest.approx(0.006859)
+    assert parts["server link"] == 0.0   # 2 x 2 x 1.004 MB at 1 GB/s = 4.016 ms < 6.859 ms
+    fast_cpu, parts = one("dist_bsp", 2, c=costs(server_msg=0.0, server_key=0.0, server_byte=0.0,
+                                                 opt_key=0.0, opt_param=0.0))
+    assert parts["server link"] == pytest.approx(0.004016) and parts["server CPU"] == 0.0
+    assert parts["worker CPU"] == pytest.approx(0.002204)
+
+
+def test_asp_worker_by_hand_and_the_servers_cap():
+    seconds, _ = one("dist_asp", 2)
+    assert seconds == pytest.approx(0.1 + 0.002204 + 0.002208 + 0.003204 + 0.000451)
+    # 64 workers: the server serves one push + apply (3.655 ms) at a time: 64 x 3.655 ms
+    seconds, _ = one("dist_asp", 64)
+    assert seconds == pytest.approx(64 * 0.003655)
+
+
+def test_the_slowest_device_sets_a_bsp_round():
+    seconds, parts = one("dist_bsp", 2, device=0.1, device_max_s=0.25)
+    assert seconds == pytest.approx(0.25 + 0.002204 + 0.002208 + 0.006859)
+    assert parts["barrier wait"] == pytest.approx(0.15)
+
+
+def test_one_host_cannot_do_more_cpu_work_than_its_cores():
+    c = costs(interference={1: 1.0, 8: 1.0})
+    seconds, parts = one("dist_bsp", 8, device=0.01, host=0.03, shared=True, c=c)
+    # 8 workers x (30 ms compute + 2.204 ms) + 8 pushes x 3.204 ms + 0.451 ms, on 2 cores
+    cpu = 8 * (0.03 + 0.002204) + 8 * 0.003204 + 0.000451
+    assert seconds == pytest.approx(cpu / 2)
+    assert parts["host CPU"] > 0
+    alone, _ = one("dist_bsp", 8, device=0.01, host=0.03, shared=False, c=c)
+    assert alone == pytest.approx(0.03 + 0.002204 + 0.002208 + 8 * 0.003204 + 0.000451)
+
+
+def test_interference_interpolates_and_grows_past_the_last_point():
+    c = costs(interference={1: 1.0, 2: 1.5, 4: 2.5})
+    assert float(c.interference_at(3)) == pytest.approx(2.0)
+    assert float(c.interference_at(8)) == pytest.approx(5.0)
+    seconds, parts = one("dist_asp", 4, device=0.0, host=0.01, shared=True,
+                         c=costs(interference={1: 1.0, 2: 1.5, 4: 2.5}))
+    assert parts["compute"] == pytest.approx(0.025)
+
+
+def test_allreduce_ring_by_hand():
+    seconds, parts = one("dist_ssgd", 4)
+    ring = 2 * 3 * 1e-4 + 2 * 3 / 4 * 1_004_000 / 1e9
+    assert parts["worker link"] == pytest.approx(ring)
+    assert seconds == pytest.approx(0.1 + 0.002204 + ring)
+    overlapped, _ = one("dist_dcs3gd", 4)
+    assert overlapped == pytest.approx(0.1 + 0.002204)   # the ring hides under the compute
+
+
+def test_placement_is_the_partitioners():
+    profile = ModelProfile("p", [1000, 250_000, 30, 7])
+    held = profile.placement(2, bigarray_bound=100_000)
+    part = Partitioner(2, 100_000)
+    expect = [[0, 0], [0, 0]]
+    for key, size in enumerate(profile.key_sizes):
+        for block in part.blocks(key, size):
+            expect[block.server][0] += 1
+            expect[block.server][1] += block.size
+    assert held == [tuple(e) for e in expect]
+    assert held == [(3, 1000 + 125_000 + 30), (2, 125_000 + 7)]
+
+
+def test_predict_names_the_bottleneck_and_refuses_an_unknown_store():
+    p = predict(PROFILE, costs(), store="dist_bsp", workers=2, device_s=0.1, shared_host=False,
+                host_compute=False, dataset_size=6400)
+    assert p.bottleneck == "compute"
+    assert p.samples_per_s == pytest.approx(2 * 64 / p.seconds)
+    assert p.epoch_s == pytest.approx(6400 / p.samples_per_s)
+    slow_server = costs(server_key=0.05)
+    assert predict(PROFILE, slow_server, store="dist_bsp", workers=4, device_s=0.01,
+                   shared_host=False).bottleneck == "server CPU"
+    with pytest.raises(ValueError, match="dist_nope"):
+        predict(PROFILE, costs(), store="dist_nope")
+    with pytest.raises(ValueError, match="3 device times for 2 workers"):
+        predict(PROFILE, costs(), workers=2, device_s=[0.1, 0.1, 0.1])
+
+
+def test_uneven_asp_workers_add_their_rates():
+    c = costs()
+    fast = predict(PROFILE, c, store="dist_asp", workers=1, device_s=0.1, shared_host=False)
+    slow = predict(PROFILE, c, store="dist_asp", workers=1, device_s=0.3, shared_host=False)
+    both = predict(PROFILE, c, store="dist_asp", workers=2, device_s=[0.1, 0.3], shared_host=False)
+    assert 2 / both.seconds == pytest.approx(1 / fast.seconds + 1 / slow.seconds)
+
+
+@pytest.mark.parametrize("store", ["dist_bsp", "dist_asp"])
+@pytest.mark.parametrize("n", [1, 4, 16, 64, 256])
+def test_the_closed_form_and_the_simulator_agree_within_5_percent(store, n):
+    """The simulator runs the store's real policy with the model's service times: the same
+    pace, on homogeneous devices, from 1 to 256 workers (past the servers' knee for ASP)."""
+    c = costs()
+    closed = predict(PROFILE, c, store=store, workers=n, device_s=0.1, shared_host=False,
+                     host_compute=False)
+    from kvstore_ext.plan.model import server_service, simulated_time
+    push_s, apply_s = server_service(c, busiest(PROFILE, 1, c, n))
+    assert (push_s, apply_s) == pytest.approx((0.003204, 0.000451))
+    sim = simulated_time(store, {}, [0.1] * n, 0.0, 0.002204 + 0.002208, push_s, apply_s, n,
+                         200, 0, c, False)
+    assert sim == pytest.approx(closed.seconds, rel=0.05)
+
+
+def test_ssp_with_a_slow_worker_goes_to_the_simulator_and_keeps_its_pace():
+    p = predict(PROFILE, costs(), store="dist_ssp", workers=4, device_s=[0.1, 0.1, 0.1, 0.3],
+                shared_host=False, params={"staleness": 2})
+    assert p.method == "simulator"
+    # within the bound, the fast workers cannot get more than s ahead: all go at the slow pace
+    assert 0.3 < p.seconds < 0.32
+
+
+def test_the_simulator_serves_pushes_one_at_a_time():
+    # BSP, 3 equal workers of 1 s: each round ends 3 x 0.1 + 0.05 after the pushes arrive, so
+    # pushes arrive at 1 + 1.35k: 7 of them by t = 10 (10 without a server to wait for)
+    served = simulate("dist_bsp", {}, [1.0] * 3, 10.0, service=0.1, apply_time=0.05)
+    assert served.iterations == {0: 7, 1: 7, 2: 7}
+    assert simulate("dist_bsp", {}, [1.0] * 3, 10.0).iterations == {0: 10, 1: 10, 2: 10}
+    with pytest.raises(ValueError, match="service"):
+        simulate("dist_bsp", {}, [1.0], 10.0, service=-1)
+
+
+def test_search_equals_brute_force_on_a_small_space():
+    c = costs(interference={1: 1.0, 2: 1.2, 4: 2.0})
+    profile = ModelProfile("toy", [1000, 250_000, 4000], compute_fixed=0.001,
+                           compute_per_sample=0.0004, activation_elements_per_sample=5000)
+    space = Space(workers=(1, 2, 3, 4, 6, 8), servers=(1, 2, 3), batch_sizes=(32, 64, 128),
+                  stores=("dist_bsp", "dist_asp"), colocate=(False, True), machines=8,
+                  memory_bytes=6e6, device_ms_at={32: 0.02, 64: 0.035, 128: 0.07})
+    result = evaluate(profile, c, space, dataset_size=10_000)
+    brute = []
+    for n, s, b, store, col in itertools.product(space.workers, space.servers, space.batch_sizes,
+                                                 space.stores, space.colocate):
+        machines = max(n, s) if col else n + s
+        if machines > space.machines or (col and s > n) or profile.memory_bytes(b) > 6e6:
+            continue
+        p = predict(profile, c, store=store, workers=n, servers=s, batch_size=b,
+                    device_s=space.device_ms_at[b], shared_host=False, host_compute=False,
+                    colocated=col)
+        brute.append((-p.samples_per_s, machines, n, s, b, store, col))
+    brute.sort(key=lambda r: (round(r[0], 6), r[1]))
+    top = rank(result, 10)
+    assert len(brute) == int(result["fits"].sum())
+    assert [r["samples_per_s"] for r in top] == pytest.approx([-b[0] for b in brute[:10]])
+    assert top[0]["machines"] == brute[0][1]
+    assert (top[0]["workers"], top[0]["servers"], top[0]["batch_size"], top[0]["store"]) == \
+        brute[0][2:6]
+    k = knees(result)
+    assert set(k) == {"dist_bsp", "dist_asp"}
+    assert all(k[s]["knee"] in space.workers for s in k)
+
+
+def test_a_search_of_100_000_configurations_takes_under_5_seconds():
+    space = Space(workers=tuple(range(1, 257)), servers=tuple(range(1, 17)),
+                  batch_sizes=(32, 64, 128, 256, 512), stores=("dist_bsp", "dist_asp", "dist_ssp"),
+                  colocate=(False, True), machines=300,
+                  device_ms_at={32: 0.01, 64: 0.02, 128: 0.04, 256: 0.08, 512: 0.16})
+    assert space.size() >= 100_000
+    t0 = time.perf_counter()
+    result = evaluate(PROFILE, costs(), space)
+    rank(result, 10)
+    knees(result)
+    assert time.perf_counter() - t0 < 5.0
+
+
+def test_fit_recovers_exact_coefficients():
+    x = np.array([1.0, 2.0, 5.0, 9.0])
+    k = np.array([3.0, 1.0, 4.0, 1.0])
+    f = fit({"one": np.ones(4), "x": x, "k": k}, 2.0 + 3.0 * x + 0.5 * k)
+    assert f["one"] == pytest.approx(2.0) and f["x"] == pytest.approx(3.0)
+    assert f["k"] == pytest.approx(0.5) and f["r2"] == pytest.approx(1.0)
+
+
+def test_kendall_tau_and_the_knee_by_hand():
+    assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+    assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert kendall_tau([1, 2, 3], [3, 2, 1]) == -1.0
+    # 2 -> 4 adds 58% (> 2 x 5%); 4 -> 8 adds 6.7% (< 4 x 5%): the knee is 4
+    assert knee_of({1: 100, 2: 190, 4: 300, 8: 320}) == 4
+    assert knee_of({1: 100, 2: 200, 4: 400}) == 4
+
+
+@pytest.mark.parametrize("store", ["dist_bsp", "dist_asp", "dist_ssgd", "dist_dcs3gd"])
+@pytest.mark.parametrize("n,shared", [(2, False), (64, False), (8, True)])
+def test_the_breakdown_adds_up_to_the_iteration(store, n, shared):
+    seconds, parts = one(store, n, device=0.01, host=0.03, shared=shared,
+                         c=costs(interference={1: 1.0, 8: 1.0}))
+    assert sum(parts.values()) == pytest.approx(seconds)
+    assert all(v >= 0 for v in parts.values())
+
+
+def test_a_saturated_async_server_is_named_the_bottleneck():
+    p = predict(PROFILE, costs(), store="dist_asp", workers=64, device_s=0.1, shared_host=False,
+                host_compute=False)
+    assert p.bottleneck == "server CPU"
+    assert p.parts["server CPU"] == pytest.approx(p.seconds - 0.1 - 0.002204 - 0.002208)
+
+
+def test_a_nonnegative_fit_keeps_costs_at_or_above_zero():
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    y = np.array([0.9, 2.1, 2.9, 4.2]) - 0.3      # the best free intercept would be negative
+    free = fit({"one": np.ones(4), "x": x}, y)
+    kept = fit({"one": np.ones(4), "x": x}, y, nonnegative=True)
+    assert free["one"] < 0 and kept["one"] == 0.0 and kept["x"] > 0
+    assert 0.9 < kept["r2"] <= free["r2"]

@@ -25,7 +25,6 @@ def model_shapes(model: str) -> list[tuple[int, ...]]:
     match = re.fullmatch(r"(\d+)x(\d+)", model)
     if match:       # K arrays of N elements
         return [(int(match.group(2)),)] * int(match.group(1))
-    import mxnet as mx
     net, x = build(model)
     net.initialize()
     net(x)

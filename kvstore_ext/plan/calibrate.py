@@ -287,6 +287,24 @@ QUICK = {"interference_counts": (1, 2), "runtime_sets": ("lenet", "256x1024", "3
          "repeats": 1, "rounds": 15, "batch_sizes": (16, 64), "reps": 2}
 
 
+def measure_allreduce(workers: int = 2) -> dict | None:
+    """Gloo's ring allreduce in a real 2-worker Horovod job: ``2(n-1)`` steps of latency and
+    ``2(n-1)/n`` of the bytes, fitted over 4 KB to 8 MB; None without Horovod."""
+    try:
+        import horovod.mxnet  # noqa: F401
+    except ImportError:
+        return None
+    from .jobs import run_allreduce_job
+    seconds = run_allreduce_job(workers)
+    sizes = sorted(seconds)
+    nbytes = np.array([BYTES_PER_PARAM * k for k in sizes], dtype=float)
+    steps = 2 * (workers - 1)
+    f = fit({"latency": np.full(len(sizes), float(steps)),
+             "per_byte": nbytes * steps / workers}, [seconds[k] for k in sizes], nonnegative=True)
+    return {"workers": workers, "bytes": nbytes.tolist(), "seconds": [seconds[k] for k in sizes],
+            "fit": f, "latency": f["latency"], "bandwidth": 1.0 / max(f["per_byte"], 1e-12)}
+
+
 def calibrate(models=("lenet", "cifar_resnet20_v1"), interference_counts=(1, 2, 4, 8),
               progress=None, quick: bool = False) -> dict:
     """Every measurement, the fits and the model's coefficients, as one JSON-ready dict."""
@@ -311,6 +329,9 @@ def calibrate(models=("lenet", "cifar_resnet20_v1"), interference_counts=(1, 2, 
         {"sets": QUICK["runtime_sets"], "repeats": QUICK["repeats"], "rounds": QUICK["rounds"]}
         if quick else {}))
     out["quick"] = quick
+    if not quick:
+        say("allreduce")
+        out["allreduce"] = measure_allreduce()
     w, s, o = out["runtime"]["worker_fit"], out["runtime"]["server_fit"], out["optimizer"]["fit"]
     out["coefficients"] = {
         "worker_msg": w["msg"], "worker_key": w["per_key"], "worker_byte": w["per_byte"],
@@ -319,6 +340,9 @@ def calibrate(models=("lenet", "cifar_resnet20_v1"), interference_counts=(1, 2, 
         "latency": out["wire"]["latency"], "bandwidth": out["wire"]["bandwidth"],
         "interference": {str(k): v for k, v in out["interference"]["factor"].items()},
         "cores": os.cpu_count() or 1}
+    if out.get("allreduce"):
+        out["coefficients"]["allreduce_latency"] = out["allreduce"]["latency"]
+        out["coefficients"]["allreduce_bandwidth"] = out["allreduce"]["bandwidth"]
     out["profiles"] = {m: profile_entry(m, c) for m, c in out["compute"].items()}
     out["fits"] = fit_table(out)
     return out
@@ -345,6 +369,8 @@ def fit_table(out: dict) -> list[dict]:
     rows.append({"fit": "optimizer", "r2": out["optimizer"]["fit"]["r2"], "minor": False})
     rows.append({"fit": "worker runtime", "r2": out["runtime"]["worker_fit"]["r2"], "minor": False})
     rows.append({"fit": "server runtime", "r2": out["runtime"]["server_fit"]["r2"], "minor": False})
+    if out.get("allreduce"):
+        rows.append({"fit": "allreduce", "r2": out["allreduce"]["fit"]["r2"], "minor": False})
     return rows
 
 

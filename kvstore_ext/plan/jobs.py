@@ -119,6 +119,53 @@ def worker(args) -> int:
     return 0
 
 
+#: element counts of the allreduce calibration (4 KB to 8 MB of float32)
+ALLREDUCE_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)
+
+
+def allreduce_worker(args) -> int:
+    """One Horovod worker timing Gloo allreduces of each size (the median of ``--rounds``)."""
+    import statistics
+    import mxnet as mx
+    import horovod.mxnet as hvd
+    hvd.init()
+    out = {}
+    for size in ALLREDUCE_SIZES:
+        x = mx.nd.ones((size,))
+        times = []
+        for i in range(args.warmup + args.rounds):
+            t0 = time.perf_counter()
+            y = hvd.allreduce(x, average=False, name=f"calibrate.{size}.{i}")
+            y.wait_to_read()
+            if i >= args.warmup:
+                times.append(time.perf_counter() - t0)
+        out[str(size)] = statistics.median(times)
+    with open(args.result.replace("{rank}", str(hvd.rank())), "w") as f:
+        json.dump({"rank": hvd.rank(), "workers": hvd.size(), "seconds": out}, f)
+    return 0
+
+
+def run_allreduce_job(workers: int = 2, rounds: int = 20, timeout: float = 300) -> dict:
+    """Seconds per allreduce of each size in a real Horovod (Gloo) job on this machine:
+    the slower worker's median, by element count."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="kvx-plan-") as tmp:
+        result = os.path.join(tmp, "a-{rank}.json")
+        argv = [sys.executable, "-m", "kvstore_ext.launch", "-n", str(workers), "--launcher",
+                "horovod", "--timeout", str(int(timeout)), sys.executable, "-m",
+                "kvstore_ext.plan.jobs", "--allreduce", "--rounds", str(rounds), "--result", result]
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the allreduce calibration job failed ({proc.returncode}):\n"
+                               f"{proc.stdout[-3000:]}")
+        runs = []
+        for r in range(workers):
+            with open(result.replace("{rank}", str(r))) as f:
+                runs.append(json.load(f)["seconds"])
+    return {int(k): max(run[k] for run in runs) for k in runs[0]}
+
+
 def run_job(kvstore: str, model: str, workers: int, servers: int, *, compute: bool,
             device: str = "", rounds: int = 30, warmup: int = 5, batch_size: int = 64,
             timeout: float = 900) -> list[dict]:
@@ -150,8 +197,11 @@ def seconds_per_iteration(results: list[dict], kvstore: str) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="One worker of a planner job (run by launch.py).")
-    p.add_argument("--kvstore", required=True, help="store type")
-    p.add_argument("--model", required=True,
+    p.add_argument("--allreduce", action="store_true",
+                   help="time Horovod (Gloo) allreduces of growing sizes instead (launch.py "
+                        "--launcher horovod)")
+    p.add_argument("--kvstore", help="store type")
+    p.add_argument("--model",
                    help="a gluon_trainers or GluonCV model, or KxN: K arrays of N elements")
     p.add_argument("--compute", action="store_true",
                    help="compute real gradients on MNIST each iteration (else the arrays only)")
@@ -159,7 +209,12 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=5, help="untimed iterations first (default 5)")
     p.add_argument("--batch-size", type=int, default=64, help="batch per worker (default 64)")
     p.add_argument("--result", required=True, help="JSON path ({rank} replaced by the rank)")
-    return worker(p.parse_args(argv))
+    args = p.parse_args(argv)
+    if args.allreduce:
+        return allreduce_worker(args)
+    if not (args.kvstore and args.model):
+        p.error("--kvstore and --model are needed (or --allreduce)")
+    return worker(args)
 
 
 if __name__ == "__main__":

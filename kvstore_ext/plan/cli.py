@@ -82,20 +82,27 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
-def cmd_predict(args) -> int:
-    from .model import Costs, predict
+def _model_inputs(args):
+    """``(profile, costs, options)`` that predict and search read alike: the calibration's
+    model and costs, and the host, network and compute options of the command line."""
+    from .model import Costs
     data = _calibration(args.calibration)
-    profile = _profile(data, args.model)
-    costs = Costs.from_calibration(data)
+    options = {"shared_host": not args.cluster,
+               "host_compute": not (args.cluster and args.device),
+               "bandwidth": args.bandwidth_gbps * 1e9 / 8 if args.bandwidth_gbps else None}
+    return _profile(data, args.model), Costs.from_calibration(data), options
+
+
+def cmd_predict(args) -> int:
+    from .model import predict
+    profile, costs, options = _model_inputs(args)
     devices = _device_seconds(args.device, args.workers, args.model, args.batch_size,
                               args.device_batch)
     try:
         p = predict(profile, costs, store=args.store, workers=args.workers, servers=args.servers,
                     batch_size=args.batch_size, device_s=devices,
-                    bigarray_bound=args.bigarray_bound, shared_host=not args.cluster,
-                    bandwidth=args.bandwidth_gbps * 1e9 / 8 if args.bandwidth_gbps else None,
-                    dataset_size=args.dataset_size, params=_params(args.kv_param),
-                    host_compute=not (args.cluster and args.device), colocated=args.colocate)
+                    bigarray_bound=args.bigarray_bound, dataset_size=args.dataset_size,
+                    params=_params(args.kv_param), colocated=args.colocate, **options)
     except ValueError as exc:
         raise SystemExit(f"predict: {exc}")
     out = {"model": args.model, "store": args.store, "workers": args.workers,
@@ -112,11 +119,8 @@ def cmd_predict(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from .model import Costs
     from .search import Space, evaluate, knees, rank, recheck
-    data = _calibration(args.calibration)
-    profile = _profile(data, args.model)
-    costs = Costs.from_calibration(data)
+    profile, costs, options = _model_inputs(args)
     if args.cores:
         costs.cores = args.cores
     batches = tuple(int(b) for b in args.batch_sizes.split(","))
@@ -131,14 +135,10 @@ def cmd_search(args) -> int:
                   memory_bytes=args.memory_gb * 2 ** 30 if args.memory_gb else None,
                   device_ms_at=device)
     t0 = time.perf_counter()
-    result = evaluate(profile, costs, space, shared_host=not args.cluster,
-                      host_compute=not (args.cluster and args.device),
-                      dataset_size=args.dataset_size,
-                      bandwidth=args.bandwidth_gbps * 1e9 / 8 if args.bandwidth_gbps else None)
+    result = evaluate(profile, costs, space, dataset_size=args.dataset_size, **options)
     seconds = time.perf_counter() - t0
     top = rank(result, args.top, merge_stores=True)
-    checked = recheck(profile, costs, top, space, shared_host=not args.cluster,
-                      host_compute=not (args.cluster and args.device))
+    checked = recheck(profile, costs, top, space, **options)
     knee = knees(result)
     print(f"{space.size():,} configurations evaluated in {seconds:.2f} s, "
           f"{int(result['fits'].sum()):,} within {args.machines} machines"
@@ -171,6 +171,7 @@ def plot_search(result: dict, knee: dict, top: list[dict], out_dir: str) -> list
     import matplotlib.pyplot as plt
     import numpy as np
     from .model import BOTTLENECKS
+    from .validate import save_figure
     paths = []
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for store, k in knee.items():
@@ -180,10 +181,7 @@ def plot_search(result: dict, knee: dict, top: list[dict], out_dir: str) -> list
     ax.set_xlabel("workers")
     ax.set_ylabel("samples/s (best servers, batch)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(os.path.join(out_dir, "search_throughput.png"))
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save_figure(fig, out_dir, "search_throughput.png"))
 
     ns, ss = np.unique(result["workers"]), np.unique(result["servers"])
     heat = np.full((len(ss), len(ns)), np.nan)
@@ -201,10 +199,7 @@ def plot_search(result: dict, knee: dict, top: list[dict], out_dir: str) -> list
     ax.set_xlabel("workers")
     ax.set_ylabel("servers")
     fig.colorbar(im, label="samples/s")
-    fig.tight_layout()
-    paths.append(os.path.join(out_dir, "search_heatmap.png"))
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save_figure(fig, out_dir, "search_heatmap.png"))
 
     fig, ax = plt.subplots(figsize=(6, 3.4))
     labels = [f"{r['store'][5:]} {r['workers']}x{r['servers']} b{r['batch_size']}" for r in top]
@@ -221,10 +216,7 @@ def plot_search(result: dict, knee: dict, top: list[dict], out_dir: str) -> list
     ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=6)
     ax.set_ylabel("ms per iteration")
     ax.legend(fontsize=6)
-    fig.tight_layout()
-    paths.append(os.path.join(out_dir, "search_breakdown.png"))
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save_figure(fig, out_dir, "search_breakdown.png"))
     return paths
 
 

@@ -107,10 +107,19 @@ def row(result: dict, i: int) -> dict:
             "bottleneck": bottleneck(result["parts"], i)}
 
 
+def knee_of(curve: dict, gain: float = KNEE_GAIN) -> int:
+    """The first worker count after which the next one (m workers more) adds less than m x
+    ``gain`` of the throughput; the last if none (``curve``: workers -> samples/s)."""
+    ns = sorted(curve)
+    for a, nxt in zip(ns, ns[1:]):
+        if curve[nxt] < curve[a] * (1 + gain * (nxt - a)):
+            return a
+    return ns[-1]
+
+
 def knees(result: dict, gain: float = KNEE_GAIN) -> dict:
     """Per store: the best samples/s at each worker count (over everything else that fits),
-    and the knee: the first n where one more worker adds less than ``gain`` of the throughput
-    (between grid points m apart: less than m times ``gain``)."""
+    and its knee (:func:`knee_of`)."""
     out = {}
     for store in np.unique(result["store"]):
         mask = result["fits"] & (result["store"] == store)
@@ -118,19 +127,13 @@ def knees(result: dict, gain: float = KNEE_GAIN) -> dict:
         for n in np.unique(result["workers"][mask]):
             m = mask & (result["workers"] == n)
             curve[int(n)] = float(result["samples_per_s"][m].max())
-        ns = sorted(curve)
-        knee = ns[-1]
-        for a, nxt in zip(ns, ns[1:]):
-            if curve[nxt] < curve[a] * (1 + gain * (nxt - a)):
-                knee = a
-                break
-        out[str(store)] = {"curve": curve, "knee": knee}
+        out[str(store)] = {"curve": curve, "knee": knee_of(curve, gain)}
     return out
 
 
 def recheck(profile: ModelProfile, costs: Costs, rows: list[dict], space: Space, *,
-            shared_host: bool = False, host_compute: bool = False, iterations: int = 300,
-            params: dict | None = None) -> list[dict]:
+            shared_host: bool = False, host_compute: bool = False, bandwidth=None,
+            iterations: int = 300, params: dict | None = None) -> list[dict]:
     """Each row re-run by the simulator (the store's real policy, service times from the
     model); ``simulated_s`` and its difference from the closed form."""
     from .model import predict
@@ -139,7 +142,7 @@ def recheck(profile: ModelProfile, costs: Costs, rows: list[dict], space: Space,
         device = space.device_ms_at.get(r["batch_size"]) or 0.0
         p = predict(profile, costs, store=r["store"], workers=r["workers"], servers=r["servers"],
                     batch_size=r["batch_size"], device_s=device, shared_host=shared_host,
-                    host_compute=host_compute, colocated=r["colocated"])
+                    host_compute=host_compute, colocated=r["colocated"], bandwidth=bandwidth)
         host = float(profile.host_time(r["batch_size"])) if host_compute or not device else 0.0
         push_s, apply_s = server_service(costs, busiest(profile, r["servers"], costs,
                                                         r["workers"]))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .model import Costs, ModelProfile, predict
+from .search import knee_of
 
 GRID_CLUSTERS = ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (8, 2))
 
@@ -96,16 +97,6 @@ def kendall_tau(a, b) -> float:
     return float((conc - disc) / denom) if denom else 1.0
 
 
-def knee_of(curve: dict, gain: float = 0.05) -> int:
-    """The first worker count after which the next one (m workers more) adds less than m x
-    ``gain`` of the throughput; the last if none."""
-    ns = sorted(curve)
-    for a, nxt in zip(ns, ns[1:]):
-        if curve[nxt] < curve[a] * (1 + gain * (nxt - a)):
-            return a
-    return ns[-1]
-
-
 def summarise(rows: list[dict]) -> dict:
     """The figures: error of predicted time per iteration, ranking, the pick and the knee."""
     errors = [abs(r["error"]) for r in rows]
@@ -163,6 +154,16 @@ def table_rows(cases, measured, calibration: dict) -> list[dict]:
     return rows
 
 
+def save_figure(fig, out_dir: str, name: str) -> str:
+    """Write ``fig`` as ``out_dir/name`` (PNG, 120 dpi), close it, and return the path."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    path = os.path.join(out_dir, name)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot(rows: list[dict], out_dir: str) -> list[str]:
     """predicted-vs-measured.png (with the +-25% band) and throughput-vs-workers.png."""
     import matplotlib
@@ -184,10 +185,7 @@ def plot(rows: list[dict], out_dir: str) -> list[str]:
     ax.set_ylabel("predicted ms per iteration")
     ax.legend(fontsize=7)
     ax.set_title("kvstore_ext.plan: predicted against measured")
-    fig.tight_layout()
-    paths.append(os.path.join(out_dir, "predicted_vs_measured.png"))
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save_figure(fig, out_dir, "predicted_vs_measured.png"))
 
     groups = sorted({(r["model"], r["device"]) for r in rows if "," not in r["device"]})
     fig, axes = plt.subplots(1, len(groups), figsize=(4 * len(groups), 3.6), squeeze=False)
@@ -209,8 +207,5 @@ def plot(rows: list[dict], out_dir: str) -> list[str]:
         ax.set_xlabel("workers (best servers)")
         ax.set_ylabel("samples/s")
         ax.legend(fontsize=6)
-    fig.tight_layout()
-    paths.append(os.path.join(out_dir, "throughput_vs_workers.png"))
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save_figure(fig, out_dir, "throughput_vs_workers.png"))
     return paths

@@ -8,6 +8,7 @@ below expand a config into runs and reduce finished runs to the table.
 """
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from dataclasses import dataclass, field
@@ -23,9 +24,14 @@ TOP_KEYS = {"name", "description", "paper", "script", "args", "workers", "server
 #: a cluster is a list of worker speeds, or a mapping with the speeds, their jitter (launch.py's
 #: --speed-jitter/--speed-seed) and server fault injection (--delay-replies, --slow-server, --fault-seed)
 #: or emulated devices: ``device`` (launch.py's --device), ``device_model``, ``device_batch``,
-#: ``patterns`` (a list of --straggler-pattern specs)
+#: ``patterns`` (a list of --straggler-pattern specs); ``virtual: true`` runs the cluster in
+#: virtual time in one process (:mod:`kvstore_ext.virtual_training`), with its own ``workers``,
+#: the ``latency`` and server ``service`` time of a message (seconds), ``eval_every``
+#: (virtual seconds between evaluations) and ``lr`` (the learning rate at this size, over
+#: the script's: the stores sum n workers' gradients)
+VIRTUAL_KEYS = {"virtual", "workers", "latency", "service", "eval_every", "lr"}
 CLUSTER_KEYS = {"speeds", "speed_jitter", "speed_seed", "delay_replies", "slow_server", "fault_seed",
-                "device", "device_model", "device_batch", "patterns"}
+                "device", "device_model", "device_batch", "patterns"} | VIRTUAL_KEYS
 PARADIGM_KEYS = {"name", "kvstore", "params", "backend"}
 NATIVE_TYPES = {"dist_sync", "dist_async", "dist_sync_device", "dist_async_device"}
 
@@ -68,6 +74,7 @@ class Experiment:
     quick: dict = field(default_factory=dict)
     path: str = ""
     cluster_options: dict[str, dict] = field(default_factory=dict)  # cluster -> jitter, faults
+    cluster_workers: dict[str, int] = field(default_factory=dict)   # a virtual cluster's n
     env: dict = field(default_factory=dict)                 # variables for every process
 
     def launch_options(self, cluster: str) -> list[str]:
@@ -83,6 +90,13 @@ class Experiment:
             opts += ["--env", f"{name}:{value}"]
         return opts
 
+    def is_virtual(self, cluster: str) -> bool:
+        """Whether a cluster runs in virtual time, in this process (no job is launched)."""
+        return bool(self.cluster_options.get(cluster, {}).get("virtual"))
+
+    def workers_of(self, cluster: str) -> int:
+        return self.cluster_workers.get(cluster, self.workers)
+
     def uses_devices(self, cluster: str) -> bool:
         """Whether a cluster emulates devices (``--device``) rather than worker speeds."""
         return "device" in self.cluster_options.get(cluster, {})
@@ -95,7 +109,8 @@ class Experiment:
         batch = opts.get("device_batch", self.args.get("batch-size", 128))
         return DeviceClock.for_cluster(str(opts["device"]), [str(p) for p in
                                                              opts.get("patterns", [])],
-                                       self.workers, opts.get("device_model"), int(batch),
+                                       self.workers_of(cluster), opts.get("device_model"),
+                                       int(batch),
                                        int(opts.get("speed_seed", 0)))
 
     def runs(self, trials: int | None = None):
@@ -150,19 +165,24 @@ def load_experiment(path: str) -> Experiment:
     clusters_raw = raw.get("clusters") or {"default": [1.0] * workers}
     _need(isinstance(clusters_raw, dict), where, "clusters must map a name to a list of speeds")
     clusters, cluster_options = {}, {}
+    cluster_workers = {}
     for name, speeds in clusters_raw.items():
+        n = workers
         if isinstance(speeds, dict):
             cluster_options[str(name)] = _cluster_options(speeds, f"{where}: clusters.{name}",
                                                           servers, workers)
+            n = cluster_options[str(name)].get("workers", workers)
+            if n != workers:
+                cluster_workers[str(name)] = n
             if "device" in speeds:   # relative speeds of the devices, for labels and plots
-                times = parse_devices(str(speeds["device"]), workers, speeds.get("device_model"),
+                times = parse_devices(str(speeds["device"]), n, speeds.get("device_model"),
                                       int(speeds.get("device_batch", 128)))
                 speeds = [round(min(times) / t, 3) for t in times]
             else:
                 speeds = speeds.get("speeds", 1.0)
         text = ",".join(str(s) for s in speeds) if isinstance(speeds, list) else str(speeds)
         try:
-            clusters[str(name)] = parse_speeds(text, workers)
+            clusters[str(name)] = parse_speeds(text, n)
         except ValueError as exc:
             raise ConfigError(f"{where}: clusters.{name}: {exc}") from None
 
@@ -213,7 +233,8 @@ def load_experiment(path: str) -> Experiment:
                       targets=[float(t) for t in targets], paradigms=paradigms,
                       description=str(raw.get("description", "")), paper=str(raw.get("paper", "")),
                       timeout=float(raw.get("timeout", 1800)), quick=quick, path=path,
-                      cluster_options=cluster_options, env={k: str(v) for k, v in env.items()})
+                      cluster_options=cluster_options, cluster_workers=cluster_workers,
+                      env={k: str(v) for k, v in env.items()})
 
 
 def _cluster_options(entry: dict, at: str, servers: int, workers: int) -> dict:
@@ -223,6 +244,18 @@ def _cluster_options(entry: dict, at: str, servers: int, workers: int) -> dict:
     if unknown:
         raise ConfigError(f"{at}: unknown key {unknown[0]!r} (known: {', '.join(sorted(CLUSTER_KEYS))})")
     out = {k: v for k, v in entry.items() if k != "speeds"}
+    virtual = sorted(set(out) & VIRTUAL_KEYS - {"virtual"})
+    if virtual and out.get("virtual") is not True:
+        raise ConfigError(f"{at}: {virtual[0]} is for a virtual-time cluster (virtual: true)")
+    _need(out.get("virtual", False) in (True, False), at,
+          f"virtual must be true or false, got {out.get('virtual')!r}")
+    workers = out.get("workers", workers)
+    _need(isinstance(workers, int) and not isinstance(workers, bool) and workers >= 1, at,
+          f"workers must be an integer >= 1, got {workers!r}")
+    for key in ("latency", "service", "eval_every", "lr"):
+        value = out.get(key, 0.0)
+        _need(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+              and math.isfinite(value), at, f"{key} must be a number of seconds >= 0, got {value!r}")
     device_keys = sorted(set(out) & {"device_model", "device_batch", "patterns"})
     if device_keys and "device" not in out:
         raise ConfigError(f"{at}: {device_keys[0]} needs device (the emulated devices)")

@@ -238,3 +238,70 @@ def delay_refusal(optimizer, store_type: str, asynchronous: bool) -> str | None:
                f"no single delay")
     return (f"optimizer {name!r} needs the delay of each push, but {why}; use it with dist_asp, "
             f"dist_ssp or dist_dssp (or use 'adagrad' here)")
+
+
+class ServerOptimizer:
+    """What a server runs on the gradients it gathered: MXNet's updater for the optimizer the
+    workers set, applied to a round's keys in one call, or push by push with the delay for a
+    delay-aware optimizer.  The servers and the virtual-time trainer
+    (:mod:`kvstore_ext.virtual_training`) both apply updates through this one object.
+    """
+
+    #: a server updates many keys at once: fuse more of them per kernel call (the same
+    #: arithmetic per element, fewer calls)
+    AGGREGATE_KEYS = 32
+
+    def __init__(self, optimizer, store_type: str, asynchronous: bool):
+        problem = delay_refusal(optimizer, store_type, asynchronous)
+        if problem:
+            raise ValueError(problem)
+        if getattr(optimizer, "aggregate_num", 0) > 0:
+            optimizer.aggregate_num = max(optimizer.aggregate_num, self.AGGREGATE_KEYS)
+        self.updater = mx.optimizer.get_updater(optimizer)
+        self.delay_aware = needs_delay(optimizer)
+        # a pool tunes these from the values the workers set (a scheduler keeps its own lr)
+        self.base_hyper = {"lr": None if optimizer.lr_scheduler else optimizer.lr,
+                           "momentum": getattr(optimizer, "momentum", None)}
+
+    @property
+    def optimizer(self):
+        return self.updater.optimizer
+
+    def apply(self, keys, grads, weights, pusher=None) -> None:
+        """One update of ``weights`` (NDArrays, in place) by ``grads``; ``pusher``: the
+        (worker, delay) of the one push they hold, which a delay-aware optimizer needs."""
+        if pusher is not None and self.delay_aware:
+            worker, delay = pusher
+            for key, grad, weight in zip(keys, grads, weights):
+                self.optimizer.update_delayed(key, weight, grad, self.state(key, weight),
+                                              worker, delay)
+        else:
+            self.updater(list(keys), list(grads), list(weights))
+
+    def state(self, key, weight):
+        """The updater's state of ``key``, made as MXNet's Updater makes it."""
+        states = self.updater.states
+        if key not in states:
+            states[key] = self.optimizer.create_state_multi_precision(key, weight)
+            self.updater.states_synced[key] = True
+        return states[key]
+
+    def pulled(self, key, weight, worker: int) -> None:
+        """``worker`` is being sent ``key``'s weights (a delay-aware optimizer keeps them)."""
+        if self.delay_aware:
+            self.optimizer.pulled(key, weight, self.state(key, weight), worker)
+
+    def forget(self, worker: int) -> None:
+        """``worker`` left: what the optimizer kept for it goes."""
+        if self.delay_aware:
+            for state in self.updater.states.values():
+                self.optimizer.forget(state, worker)
+
+    def tune(self, lr_scale: float, momentum) -> None:
+        """Scale the learning rate the workers set by ``lr_scale``; set ``momentum`` (a
+        function of the workers' momentum), for a worker pool."""
+        opt = self.optimizer
+        if self.base_hyper.get("lr") is not None:
+            opt.lr = self.base_hyper["lr"] * lr_scale
+        if self.base_hyper.get("momentum") is not None:
+            opt.momentum = momentum(self.base_hyper["momentum"])

@@ -32,3 +32,35 @@ def write_results(out_dir: str, stem: str, rows: list[dict], columns: list[tuple
     with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
         f.write(table + "\n")
     return table
+
+
+def plot_accuracy(runs, rows, cluster, path, title, x="time_s", error=False):
+    """Worker 0's (a virtual run: the servers') test accuracy, or top-1 error, of each
+    paradigm's median trial against ``x`` (a key of the curve's points)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for row in rows:
+        if row["cluster"] != cluster:
+            continue
+        run = next(r for r in runs if r["cluster"] == cluster and r["paradigm"] == row["paradigm"]
+                   and r["trial"] == row["median_trial"])
+        ax.plot([p[x] for p in run["curve"]],
+                [1 - p["test_accuracy"] if error else p["test_accuracy"] for p in run["curve"]],
+                marker=".", label=row["paradigm"])
+    virtual = any(r.get("virtual") for r in runs if r["cluster"] == cluster)
+    ax.set_xlabel(("virtual time (s)" if virtual else "training time (s)") if x == "time_s"
+                  else x)
+    whose = "servers' weights" if virtual else "worker 0"
+    ax.set_ylabel(f"top-1 test error ({whose})" if error else f"test accuracy ({whose})")
+    ax.set_title(title)
+    lows = [p["test_accuracy"] for r in runs if r["cluster"] == cluster for p in r["curve"]]
+    if lows:
+        low = max(0.0, sorted(lows)[len(lows) // 10] - 0.02)
+        ax.set_ylim(*((0.0, 1.0 - low) if error else (low, 1.0)))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

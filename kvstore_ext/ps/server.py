@@ -33,7 +33,6 @@ log = logging.getLogger("kvstore_ext.server")
 
 mx = None  # imported in main(), after the engine is chosen
 SYNCHRONOUS_ENGINE = False
-AGGREGATE_KEYS = 32
 #: longest a reply with weights waits for the messages queued behind its request (seconds)
 MAX_REPLY_HOLD_S = 0.02
 
@@ -132,9 +131,7 @@ class Server:
         self.slots: dict[tuple, Slot] = {}
         self.init_waiting: list[InitWait] = []
         self.init_seen: dict[tuple, set] = {}   # (key, block) -> workers that initialised it
-        self.updater = None
-        self.delay_aware = False   # the optimizer is applied push by push with its delay
-        self.base_hyper: dict = {}   # the optimizer's lr and momentum as the workers set them
+        self.optimizer = None   # the ServerOptimizer the workers set
         self._pool_slot = None
         self.pooled = False   # dist_pool: a worker pool decides who computes (set at start)
         self.joined: set[int] = set()   # workers that joined the running job
@@ -456,9 +453,8 @@ class Server:
             slot.waiting.pop(rank, None)
             slot.held = deque(h for h in slot.held if h[0] != rank)
             decisions.append((slot, slot.policy.remove_worker(rank, now)))
-        if self.delay_aware:   # what the optimizer kept for the worker goes with it
-            for state in self.updater.states.values():
-                self.updater.optimizer.forget(state, rank)
+        if self.optimizer is not None:   # what the optimizer kept for the worker goes with it
+            self.optimizer.forget(rank)
         self.carry_out(decisions)
 
     # -- operations --------------------------------------------------------------------------
@@ -613,7 +609,7 @@ class Server:
             queue = slot.waiting[worker] = deque()
         queue.append(pending)
         decision = slot.policy.on_push(worker, now)
-        if self.delay_aware and decision.apply:
+        if decision.apply and self.optimizer is not None and self.optimizer.delay_aware:
             # applied on its own, with who pushed it and its delay (never summed with another)
             self.apply([slot], pusher=(worker, delay))
         return decision
@@ -669,30 +665,18 @@ class Server:
                 slot.grad._sync_copyfrom(slot.acc)
             self.metrics.pushes_applied += slot.gathered
             slot.gathered = 0
-        if self.pool_slot is not None and self.updater is not None:
-            self.tune_optimizer()
-        if self.updater is not None and pusher is not None:
-            worker, delay = pusher
-            for slot in slots:
-                self.updater.optimizer.update_delayed(
-                    slot.key, slot.weight, slot.grad, self._optimizer_state(slot), worker, delay)
-        elif self.updater is not None:
-            self.updater([s.key for s in slots], [s.grad for s in slots], [s.weight for s in slots])
+        if self.pool_slot is not None and self.optimizer is not None:
+            pool = self.pool_slot.policy.pool
+            self.optimizer.tune(pool.lr_scale(), pool.momentum)
+        if self.optimizer is not None:
+            self.optimizer.apply([s.key for s in slots], [s.grad for s in slots],
+                                 [s.weight for s in slots], pusher)
         else:  # no optimizer: the store holds the summed value, as MXNet's servers do
             for slot in slots:
                 slot.grad.copyto(slot.weight)
         for slot in slots:
             slot.version += 1
         self.metrics.updates += len(slots)
-
-    def _optimizer_state(self, slot: Slot):
-        """The updater's state of ``slot``'s key, made as MXNet's Updater makes it."""
-        states = self.updater.states
-        if slot.key not in states:
-            states[slot.key] = self.updater.optimizer.create_state_multi_precision(
-                slot.key, slot.weight)
-            self.updater.states_synced[slot.key] = True
-        return states[slot.key]
 
     # -- a worker pool (dist_pool): the server owns the learning rate and the batch sizes ----
     @property
@@ -708,38 +692,24 @@ class Server:
         go): its next batch size (0: the budget is spent, stop), the pool's size and the
         learning rate the server now applies."""
         policy = policy or self.pool_slot.policy
-        lr = self.base_hyper.get("lr")
+        lr = self.optimizer.base_hyper.get("lr") if self.optimizer is not None else None
         return {"batch_size": policy.next_batch(worker), "pool": policy.pool.size,
                 "lr": None if lr is None else lr * policy.pool.lr_scale(),
                 "updates": policy.pool.updates}
 
-    def tune_optimizer(self) -> None:
-        """Set the optimizer's learning rate (and momentum, for "m-") to the pool's size."""
-        pool = self.pool_slot.policy.pool
-        opt = self.updater.optimizer
-        if self.base_hyper.get("lr") is not None:
-            opt.lr = self.base_hyper["lr"] * pool.lr_scale()
-        if self.base_hyper.get("momentum") is not None:
-            opt.momentum = pool.momentum(self.base_hyper["momentum"])
-
     def sent_weights(self, slot: Slot, worker: int) -> None:
         """``worker`` is being sent ``slot``'s weights at its current version."""
         slot.pulled[worker] = slot.version
-        if self.delay_aware:
-            self.updater.optimizer.pulled(slot.key, slot.weight, self._optimizer_state(slot),
-                                          worker)
+        if self.optimizer is not None:
+            self.optimizer.pulled(slot.key, slot.weight, worker)
 
     def _use_updater(self, optimizer) -> None:
         """Run ``optimizer`` from now on, if this store type can (refused with the reason)."""
-        from ..optimizers import delay_refusal, needs_delay
-        problem = delay_refusal(optimizer, self.row.name, self.row.asynchronous)
-        if problem:
-            raise RequestError(problem)
-        self.updater = mx.optimizer.get_updater(optimizer)
-        self.delay_aware = needs_delay(optimizer)
-        # a pool tunes these from the values the workers set (a scheduler keeps its own lr)
-        self.base_hyper = {"lr": None if optimizer.lr_scheduler else optimizer.lr,
-                           "momentum": getattr(optimizer, "momentum", None)}
+        from ..optimizers import ServerOptimizer
+        try:
+            self.optimizer = ServerOptimizer(optimizer, self.row.name, self.row.asynchronous)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
 
     def op_set_optimizer(self, ident, header, buffers) -> None:
         blob = bytes(buffers[0])
@@ -747,20 +717,16 @@ class Server:
             pass   # a worker that joined runs with the job's optimizer and its states
         elif blob != self.optimizer_blob:
             optimizer = pickle.loads(blob)   # authenticated by the job secret (see transport)
-            if getattr(optimizer, "aggregate_num", 0) > 0:
-                # a server updates many keys at once: fuse more of them per kernel call
-                # (the same arithmetic per element, fewer calls)
-                optimizer.aggregate_num = max(optimizer.aggregate_num, AGGREGATE_KEYS)
             self._use_updater(optimizer)
             self.optimizer_blob = blob
         self.reply(ident, header["seq"], worker=header["worker"])
 
     def op_get_states(self, ident, header, buffers) -> None:
-        if self.updater is None:
+        if self.optimizer is None:
             raise RequestError("no optimizer has been set on the kvstore, so it has no states")
         blocks = [[s.key, s.block] for s in self.slots.values()]
         self.reply(ident, header["seq"], {"blocks": blocks},
-                   buffers=[self.updater.get_states(dump_optimizer=False)],
+                   buffers=[self.optimizer.updater.get_states(dump_optimizer=False)],
                    worker=header["worker"])
 
     def op_set_states(self, ident, header, buffers) -> None:
@@ -768,10 +734,10 @@ class Server:
         if optimizer is not None:
             self._use_updater(optimizer)
             self.optimizer_blob = None
-        if self.updater is None:
+        if self.optimizer is None:
             raise RequestError("set an optimizer before loading optimizer states")
-        self.updater.states = states
-        self.updater.states_synced = dict.fromkeys(states, False)
+        self.optimizer.updater.states = states
+        self.optimizer.updater.states_synced = dict.fromkeys(states, False)
         self.reply(ident, header["seq"], worker=header["worker"])
 
     def op_hello(self, ident, header, buffers) -> None:
@@ -790,20 +756,21 @@ class Server:
             out["faults"] = self.faults.to_dict()
         if self.handler is not None:
             out[self.handler.metrics_name] = self.handler.to_dict()
-        if self.delay_aware:
+        if self.optimizer is not None and self.optimizer.delay_aware:
             out["delay_optimizer"] = self.delay_optimizer_stats()
         return out
 
     def delay_optimizer_stats(self) -> dict:
         """The delays a delay-aware optimizer was given (per key: compare with the staleness
         histogram) and the memory it keeps per worker."""
-        opt = self.updater.optimizer
+        opt = self.optimizer.optimizer
+        states = self.optimizer.updater.states
         per_worker = sum(getattr(state, "per_worker_bytes", lambda: 0)()
-                         for state in self.updater.states.values())
+                         for state in states.values())
         workers = max(1, len(self.members))
         return {"optimizer": type(opt).__name__.lower(),
                 "delays": {str(d): n for d, n in sorted(opt.delays.items())},
-                "per_worker_bytes": per_worker // workers, "keys": len(self.updater.states)}
+                "per_worker_bytes": per_worker // workers, "keys": len(states)}
 
 
 def main(argv=None) -> int:

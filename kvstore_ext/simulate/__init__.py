@@ -11,6 +11,12 @@ paradigm get through in a given time on this cluster" before any training.
     python -m kvstore_ext.simulate --device 200ms*8 --straggler-pattern transient:0.05:3:2 --time 60
     python -m kvstore_ext.simulate --device 148ms*8 --servers 4 --reply-delays 0,0,0,1.5 \
         --kv-param min_pull_fraction=0.75 --time 60
+
+With ``--train CONFIG`` it trains: the experiment's model on its data, every cluster's workers
+in virtual time, through the same policies and the servers' optimizer code
+(:mod:`kvstore_ext.virtual_training`), with reproduce.py's table and plots:
+
+    python -m kvstore_ext.simulate --train configs/virtual/mnist_16.yaml --out results/v16
 """
 from __future__ import annotations
 
@@ -20,10 +26,10 @@ import json
 import random
 from dataclasses import dataclass, field
 
-from .devices import PATTERN_HELP, DeviceClock, count_devices
-from .policies.psp import PartialPull
-from .stragglers import stretched_time
-from . import registry
+from ..devices import PATTERN_HELP, DeviceClock, count_devices
+from ..policies.psp import PartialPull
+from ..stragglers import stretched_time
+from .. import registry
 
 
 @dataclass
@@ -69,7 +75,8 @@ def iteration_times(speeds, base_time: float = 1.0, jitter: float = 0.0, seed: i
 def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: float = 1.0,
              jitter: float = 0.0, seed: int = 0, latency: float = 0.0, clocks=None,
              release_latency: float = 0.0, servers: int = 1, reply_delays=None,
-             blocks=None, service: float = 0.0, apply_time: float = 0.0) -> SimResult:
+             blocks=None, service: float = 0.0, apply_time: float = 0.0,
+             trainer=None) -> SimResult:
     """Run virtual workers with the given speeds (or device ``clocks``) until ``horizon``.
 
     Iteration times as :func:`iteration_times` gives them; ``latency`` is added between
@@ -82,6 +89,12 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
     one server.  That server serves pushes one at a time, in the order they come, for
     ``service`` each, plus ``apply_time`` when the policy applies (the planner's server CPU): a
     worker's OK comes when its push has been served.
+
+    ``trainer`` (a :class:`~kvstore_ext.virtual_training.VirtualTraining`) rides on the same
+    events and trains a real model: ``start(worker, held)`` when a worker reads the weights,
+    ``push(worker, server, accepted)`` when its gradient reaches a server, ``apply(server,
+    pusher)`` when the policy applies, and ``advance(now)`` before each event (it evaluates,
+    and ends the run by returning False).
     """
     row = registry.lookup(store_type)
     if clocks is not None:
@@ -89,7 +102,7 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
     if row.policy is None and row.block_policy is not None:
         return simulate_blocks(row, row.check(params), speeds, horizon, base_time, jitter,
                                seed, latency, clocks, release_latency, servers, reply_delays,
-                               blocks)
+                               blocks, trainer)
     if service < 0 or apply_time < 0:
         raise ValueError(f"service {service} and apply_time {apply_time} must be >= 0")
     if servers != 1 or any(reply_delays or ()) or blocks:
@@ -109,6 +122,8 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
     def start(worker: int, at: float, together: int = 1) -> None:
         nonlocal seq
         seq += 1
+        if trainer is not None:
+            trainer.start(worker)
         at += latency + release_latency * together
         heapq.heappush(events, (at + step_time(worker, at), seq, worker))
 
@@ -117,14 +132,20 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
         if w not in waiting_first:
             start(w, 0.0, 0)
     while events and events[0][0] <= horizon:
+        if trainer is not None and not trainer.advance(events[0][0]):
+            break
         now, _, worker = heapq.heappop(events)
         iterations[worker] += 1
         pushed_at[worker] = now
+        if trainer is not None:
+            trainer.push(worker)
         decision = policy.on_push(worker, now)
         decisions += 1
         if service or apply_time:
             busy_until = max(now, busy_until) + service + (apply_time if decision.apply else 0.0)
             now = busy_until
+        if trainer is not None and decision.apply:
+            trainer.apply(0, worker if row.asynchronous else None)
         for released, lead in decision.released:
             max_lead = max(max_lead, lead)
             leads.append(lead)
@@ -136,7 +157,7 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
 def simulate_blocks(row, params: dict, speeds, horizon: float, base_time: float = 1.0,
                     jitter: float = 0.0, seed: int = 0, latency: float = 0.0,
                     clocks=None, release_latency: float = 0.0, servers: int = 1,
-                    reply_delays=None, blocks=None) -> SimResult:
+                    reply_delays=None, blocks=None, trainer=None) -> SimResult:
     """The same, for a store whose rounds are versions of a block (``dist_psp``): every
     worker pushes to every server, which holds ``blocks[s]`` blocks (default 1) that move
     together (one policy per server: they get the same pushes).
@@ -177,6 +198,8 @@ def simulate_blocks(row, params: dict, speeds, horizon: float, base_time: float 
         heapq.heappush(events, (at, seq, kind, payload))
 
     def start(worker: int, at: float, together: int = 1) -> None:
+        if trainer is not None:
+            trainer.start(worker, held[worker])
         at += latency + release_latency * together
         schedule(at + step_time(worker, at), "push", worker)
 
@@ -229,9 +252,13 @@ def simulate_blocks(row, params: dict, speeds, horizon: float, base_time: float 
     for w in range(n):
         start(w, 0.0, 0)
     while events and events[0][0] <= horizon:
+        if trainer is not None and not trainer.advance(events[0][0]):
+            break
         now, _, kind, payload = heapq.heappop(events)
         if kind == "timer":
             outcome = policies[payload].on_timer(now)
+            if trainer is not None and outcome.apply:
+                trainer.apply(payload)
         elif kind == "push":
             worker = payload
             iterations[worker] += 1
@@ -239,6 +266,10 @@ def simulate_blocks(row, params: dict, speeds, horizon: float, base_time: float 
             calls[worker] += 1
             for s, policy in enumerate(policies):
                 outcome = policy.on_push(worker, held[worker][s], now)
+                if trainer is not None:
+                    trainer.push(worker, s, accepted=not outcome.dropped)
+                    if outcome.apply:
+                        trainer.apply(s)
                 if outcome.deadline is not None:
                     schedule(outcome.deadline, "timer", s)
             waiting[worker] = {"pushed": now, "came": set(), "sent": set(),
@@ -274,7 +305,9 @@ def paradigms(stores: list[str] | None = None) -> dict[str, tuple[str, dict]]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description="Simulate virtual workers under each synchronisation model and print how "
-                    "many iterations each gets through (no processes, no training).")
+                    "many iterations each gets through (no processes, no training). "
+                    "python -m kvstore_ext.simulate --train CONFIG trains an experiment's "
+                    "model in virtual time instead (--train CONFIG --help).")
     parser.add_argument("--speeds", default="1.0,0.43",
                         help="comma-separated speed of each worker (1.0 = full speed)")
     parser.add_argument("--time", type=float, default=1000.0,
@@ -373,7 +406,3 @@ def main(argv=None) -> int:
         print(f"{name:<12} {r.total_iterations:>10} {per:>18} "
               f"{r.total_iterations / base:>6.2f}x {r.max_lead_at_ok:>8} {r.dropped:>7}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

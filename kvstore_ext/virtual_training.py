@@ -1,0 +1,440 @@
+"""Virtual-time training: a real Gluon model on real data, N virtual workers, one process.
+
+The discrete-event simulator (:mod:`kvstore_ext.simulate`) orders the workers' pushes and
+OKs in virtual time with the very policy objects the servers run; :class:`VirtualTraining`
+rides on those events and trains.  When a worker starts an iteration it reads the weights
+the policy lets it have (BSP: the round's; ASP/SSP/DSSP: the server's current weights at its
+OK; PSP: for each server, the block version it holds, late blocks kept); when its push
+reaches a server, its gradient is computed on its own mini-batch from exactly those weights
+and gathered; when the policy says apply, the server's :class:`~kvstore_ext.optimizers.
+ServerOptimizer` (what the real servers run) updates the weights.
+
+Cost does not grow with N: one forward and backward per virtual iteration, and the weights a
+worker read are kept by reference (one copy per weight version still in use), so memory is
+bounded by the versions in flight.  The same seed gives the same weights, bit for bit.
+
+    python -m kvstore_ext.simulate --train configs/virtual/mnist_16.yaml
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import registry
+from .ps.partition import Partitioner
+
+@dataclass
+class Evaluation:
+    time: float
+    iterations: int
+    accuracy: float
+
+
+@dataclass
+class TrainingLog:
+    """What a virtual-time run recorded."""
+
+    trace: list = field(default_factory=list)   # (worker, versions read, versions applied)
+    staleness: Counter = field(default_factory=Counter)
+    curve: list = field(default_factory=list)   # Evaluation
+    iterations: Counter = field(default_factory=Counter)
+    dropped: int = 0
+
+
+class ServerState:
+    """One virtual server: its blocks' weights and gathered gradients, its optimizer, its
+    version, and a read-only copy of the weights at each version some worker still holds."""
+
+    def __init__(self, index: int, blocks, values: dict, optimizer):
+        import mxnet as mx
+        self.index = index
+        self.blocks = blocks                    # Partitioner blocks held here
+        # flat, as a real server holds a block; kept in MXNet's engine (no copy to numpy)
+        self.weights = [mx.nd.array(values[b.key].ravel()[b.start:b.stop]) for b in blocks]
+        self.acc = [mx.nd.zeros(b.size) for b in blocks]
+        self.gathered = 0
+        self.pushers: list[int] = []            # whose gradients are gathered
+        self.optimizer = optimizer
+        self.version = 0
+        self.snapshot = self._copy()
+        self.kept: dict[int, tuple] = {}        # older versions some worker still holds (PSP)
+
+    def _copy(self):
+        return tuple(w.copy() for w in self.weights)
+
+    def gather(self, grads) -> None:
+        """Sum a pushed gradient into the round's (float32 adds in arrival order, as the
+        real server sums them)."""
+        for acc, g in zip(self.acc, grads):
+            if self.gathered:
+                acc += g
+            else:
+                g.copyto(acc)
+        self.gathered += 1
+
+    def apply(self, pusher=None) -> None:
+        if not self.gathered:
+            return
+        self.optimizer.apply([b.key for b in self.blocks], self.acc, self.weights, pusher)
+        self.gathered = 0
+        self.version += 1
+        self.snapshot = self._copy()
+
+
+class VirtualTraining:
+    """Trains ``net`` as the simulator's events say (see the module's docstring).
+
+    ``make_optimizer()`` gives a fresh MXNet optimizer for each server, as the workers'
+    ``set_optimizer`` gives each real server its own copy.
+    """
+
+    def __init__(self, net, store_type: str, num_workers: int, x_train, y_train, x_test,
+                 y_test, batch_size: int, make_optimizer, servers: int = 1,
+                 bigarray_bound: int = 1_000_000, seed: int = 0, eval_every: float = 0.0,
+                 max_iterations: int = 0, record_trace: bool = False, progress=None):
+        import mxnet as mx
+        from mxnet import gluon
+        from .optimizers import ServerOptimizer
+        self.mx, self.autograd = mx, mx.autograd
+        self.row = registry.lookup(store_type)
+        if self.row.policy is None and self.row.block_policy is None:
+            raise ValueError(f"{store_type}: no synchronisation model to simulate "
+                             f"(virtual-time training runs parameter-server stores)")
+        if self.row.name == "dist_pool":
+            raise ValueError("dist_pool: a worker pool changes batch sizes and the learning "
+                             "rate as it goes; virtual-time training does not run it yet")
+        self.net, self.n = net, num_workers
+        self.params = list(net.collect_params().values())
+        self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        self.x_train, self.y_train = x_train, y_train
+        self.x_test, self.y_test = x_test, y_test
+        self.batch_size = batch_size
+        if len(x_train) < batch_size:
+            raise ValueError(f"batch_size {batch_size} is larger than the training set "
+                             f"({len(x_train)} samples)")
+        values = {i: p.data().asnumpy() for i, p in enumerate(self.params)}
+        per_block = self.row.policy is None   # PSP: one policy per server, blocks move together
+        self.num_servers = servers if per_block else 1
+        part = Partitioner(self.num_servers, bigarray_bound)
+        held_by = [[] for _ in range(self.num_servers)]
+        for key, value in values.items():
+            for block in part.blocks(key, value.size):
+                held_by[block.server].append(block)
+        self.servers = []
+        for s, blocks in enumerate(held_by):
+            optimizer = ServerOptimizer(make_optimizer(), self.row.name, self.row.asynchronous)
+            self.servers.append(ServerState(s, blocks, values, optimizer))
+        # flat views of the net's weights and gradients, which blocks are copied in and out of
+        self.flat_data = [p.data().reshape(-1) for p in self.params]
+        self.flat_grad = [p.grad().reshape(-1) for p in self.params]
+        self.seed = seed
+        self.rngs = [np.random.default_rng([seed, w]) for w in range(num_workers)]
+        self.orders = [np.empty(0, np.int64)] * num_workers
+        self.cursor = [0] * num_workers
+        self.reading: dict[int, tuple] = {}     # worker -> (versions, snapshots) it read
+        self.computed: dict[int, tuple] = {}    # worker -> its pushed gradient, per server
+        self.log = TrainingLog()
+        self.record_trace = record_trace
+        self.eval_every = eval_every
+        self.next_eval = 0.0
+        self.max_iterations = max_iterations
+        self.pushes = 0
+        self.now = 0.0
+        self.progress = progress
+        self._pending_trace: dict[int, list] = {}   # worker -> trace entry awaiting applies
+
+    # -- what the simulator calls ------------------------------------------------------------
+    def blocks_per_server(self) -> list[int]:
+        return [len(s.blocks) for s in self.servers]
+
+    def start(self, worker: int, held=None) -> None:
+        """``worker`` reads the weights: the servers' current ones, or (PSP) the versions in
+        ``held`` (one per server)."""
+        if held is None:
+            chosen = [(s.version, s.snapshot) for s in self.servers]
+        else:
+            chosen = []
+            for s, version in zip(self.servers, held):
+                snap = s.snapshot if version == s.version else s.kept[version]
+                chosen.append((version, snap))
+        self.reading[worker] = tuple(chosen)
+
+    def push(self, worker: int, server: int = 0, accepted: bool = True) -> None:
+        """``worker``'s gradient reaches ``server`` (computed once, on the first server)."""
+        if worker not in self.computed:
+            self.computed[worker] = self._gradient(worker)
+            self.pushes += 1
+            self.log.iterations[worker] += 1
+            if self.record_trace:
+                read = tuple(v for v, _ in self.reading[worker])
+                entry = [worker, read, [None] * self.num_servers]
+                self.log.trace.append(entry)
+                self._pending_trace[worker] = entry
+            if self.progress is not None:
+                self.progress(self.now, self.pushes)
+        grads = self.computed[worker][server]
+        state = self.servers[server]
+        read_version = self.reading[worker][server][0]
+        if accepted:
+            self.log.staleness[state.version - read_version] += 1
+            state.gather(grads)
+            state.pushers.append(worker)
+        else:
+            self.log.dropped += 1
+        if server == self.num_servers - 1:   # every server has it now
+            del self.computed[worker]
+
+    def apply(self, server: int = 0, pusher: int | None = None) -> None:
+        """The policy applies what ``server`` gathered (``pusher``: the one push's worker, on
+        an asynchronous store, for a delay-aware optimizer)."""
+        state = self.servers[server]
+        delay = None
+        if pusher is not None:
+            delay = (pusher, state.version - self.reading[pusher][server][0])
+        pushers, state.pushers = state.pushers, []
+        if not state.gathered:
+            return
+        before = state.version
+        self._keep(state)
+        state.apply(delay)
+        if self.record_trace:
+            for w in pushers:
+                entry = self._pending_trace.get(w)
+                if entry is not None and entry[2][server] is None:
+                    entry[2][server] = state.version
+        assert state.version == before + 1
+
+    def advance(self, until: float) -> bool:
+        """Evaluate at each ``eval_every`` point of virtual time up to ``until``; False when
+        the run is over (``max_iterations`` pushes made)."""
+        while self.eval_every and self.next_eval <= until:
+            self.evaluate(self.next_eval)
+            self.next_eval += self.eval_every
+        self.now = until
+        return not (self.max_iterations and self.pushes >= self.max_iterations)
+
+    # -- the model -----------------------------------------------------------------------------
+    def _batch(self, worker: int) -> np.ndarray:
+        """The next mini-batch of ``worker``'s own pass over the training set (its own
+        shuffle, seeded by the run's seed and its rank)."""
+        start = self.cursor[worker]
+        order = self.orders[worker]
+        if start + self.batch_size > len(order):
+            order = self.orders[worker] = self.rngs[worker].permutation(len(self.x_train))
+            start = 0
+        self.cursor[worker] = start + self.batch_size
+        return order[start:start + self.batch_size]
+
+    def _load(self, reading) -> None:
+        """Put the weights of ``reading`` (per server: version, block weights) into the net."""
+        for (_, snap), state in zip(reading, self.servers):
+            for block, values in zip(state.blocks, snap):
+                self.flat_data[block.key][block.start:block.stop] = values
+
+    def _gradient(self, worker: int):
+        mx = self.mx
+        self._load(self.reading[worker])
+        idx = self._batch(worker)
+        data, label = mx.nd.array(self.x_train[idx]), mx.nd.array(self.y_train[idx])
+        with self.autograd.record():
+            loss = self.loss_fn(self.net(data), label)
+        loss.backward()
+        return [[self.flat_grad[b.key][b.start:b.stop].copy() for b in state.blocks]
+                for state in self.servers]
+
+    def _keep(self, state: ServerState) -> None:
+        """Keep the weights at ``state``'s version while a worker may still ask for them
+        (PSP: a worker reads the version it holds, which may be old)."""
+        if self.row.policy is not None:
+            return
+        kept = state.kept
+        kept[state.version] = state.snapshot
+        oldest = min((r[state.index][0] for r in self.reading.values()), default=state.version)
+        for v in [v for v in kept if v < oldest - 1]:
+            del kept[v]
+
+    def weights(self) -> list[np.ndarray]:
+        """The servers' current weights, one array per parameter."""
+        self._load(tuple((s.version, s.snapshot) for s in self.servers))
+        return [p.data().asnumpy() for p in self.params]
+
+    def evaluate(self, at: float) -> float:
+        from gluon_trainers.evaluation import evaluate
+        self._load(tuple((s.version, s.snapshot) for s in self.servers))
+        accuracy = evaluate(self.net, self.x_test, self.y_test)
+        self.log.curve.append(Evaluation(at, self.pushes, accuracy))
+        return accuracy
+
+
+# -- one run of an experiment's virtual cluster ------------------------------------------------
+
+def _arg(args: dict, name: str, default):
+    value = args.get(name, default)
+    return default if value is None else value
+
+
+def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
+                progress: bool = True) -> dict:
+    """One run of ``paradigm`` on ``exp``'s virtual ``cluster``, seeded by ``trial``: the
+    record :func:`kvstore_ext.experiments.summarise` reads (as a launched run's), with the
+    test accuracy of the servers' weights against virtual time, the staleness histogram and
+    each worker's iterations.
+
+    The training script's arguments give the model (``model``), ``batch-size``, ``lr`` (the
+    cluster's ``lr`` over it),
+    ``momentum``, ``wd``, ``train-size``/``test-size`` of the shipped MNIST digits (``data``),
+    ``max-time`` (virtual seconds) and ``max-steps`` (iterations per worker, on average).
+    """
+    import pickle
+
+    import mxnet as mx
+    from mxnet import gluon
+    from tqdm import tqdm
+
+    from gluon_trainers.data import load_mnist
+    from gluon_trainers.models import MODELS
+    from .simulate import simulate
+
+    args = dict(exp.args)
+    if quick:
+        args.update(exp.quick)
+    opts = exp.cluster_options.get(cluster, {})
+    if "device" not in opts:
+        raise ValueError(f"{exp.name}: virtual cluster {cluster!r} needs device (the devices "
+                         f"whose iteration times the virtual workers take)")
+    n = exp.workers_of(cluster)
+    model = str(_arg(args, "model", "lenet"))
+    if model not in MODELS:
+        raise ValueError(f"{exp.name}: model {model!r} is not one of {', '.join(sorted(MODELS))}")
+    batch = int(_arg(args, "batch-size", 64))
+    horizon = float(_arg(args, "max-time", 60.0))
+    per_worker = int(_arg(args, "max-steps", 0))
+    x_train, y_train, x_test, y_test = load_mnist(args.get("data"),
+                                                  int(_arg(args, "train-size", 8000)),
+                                                  int(_arg(args, "test-size", 2000)))
+    mx.random.seed(trial)
+    np.random.seed(trial)
+    net = MODELS[model]()
+    net.initialize(mx.init.Xavier(magnitude=2.24))
+    net(mx.nd.zeros((1,) + x_train.shape[1:]))
+    # the optimizer as a worker's gluon.Trainer makes it and sends it to every server
+    trainer = gluon.Trainer(net.collect_params(), "sgd",
+                            {"learning_rate": float(opts.get("lr") or _arg(args, "lr", 0.05)),
+                             "momentum": float(_arg(args, "momentum", 0.9)),
+                             "wd": float(_arg(args, "wd", 1e-4))}, kvstore=None)
+    optimizer = trainer._optimizer
+    optimizer.rescale_grad = trainer._scale / batch     # what trainer.step(batch) sets
+    blob = pickle.dumps(optimizer)
+    servers = exp.servers if registry.lookup(paradigm.kvstore).policy is None else 1
+    eval_every = float(opts.get("eval_every") or horizon / 20)
+    bar = tqdm(total=round(horizon, 1), unit="vs", desc=f"{cluster} {paradigm.name} n={n}",
+               disable=not progress, leave=False,
+               bar_format="{l_bar}{bar}| {n:.1f}/{total} virtual s [{elapsed}<{remaining}]")
+
+    def moved(now: float, pushes: int) -> None:
+        if pushes % 50 == 0:
+            bar.update(round(min(now, horizon) - bar.n, 1))
+
+    vt = VirtualTraining(net, paradigm.kvstore, n, x_train, y_train, x_test, y_test, batch,
+                         lambda: pickle.loads(blob), servers=servers, seed=trial,
+                         eval_every=eval_every, max_iterations=per_worker * n,
+                         progress=moved if progress else None)
+    t0 = time.perf_counter()
+    blocks = vt.blocks_per_server() if servers > 1 else None
+    result = simulate(paradigm.kvstore, paradigm.params, None, horizon,
+                      clocks=exp.device_clocks(cluster), latency=float(opts.get("latency", 0.0)),
+                      service=float(opts.get("service", 0.0)) if servers == 1 and
+                      registry.lookup(paradigm.kvstore).policy else 0.0,
+                      servers=servers, blocks=blocks, trainer=vt, seed=trial)
+    end = min(vt.now, horizon) if per_worker else horizon
+    vt.advance(end)
+    if not vt.log.curve or vt.log.curve[-1].time < end:
+        vt.evaluate(end)
+    bar.close()
+    samples = len(x_train)
+    curve = [{"time_s": e.time, "step": e.iterations / n, "iterations": e.iterations,
+              "epoch": e.iterations * batch / samples, "test_accuracy": e.accuracy}
+             for e in vt.log.curve]
+    staleness = dict(sorted(vt.log.staleness.items()))
+    pushes = sum(staleness.values())
+    return {"trial": trial, "cluster": cluster, "paradigm": paradigm.name,
+            "kvstore": paradigm.kvstore, "params": paradigm.params, "virtual": True,
+            "workers": n, "speeds": exp.clusters[cluster],
+            "job_seconds": time.perf_counter() - t0,
+            "final_accuracy": curve[-1]["test_accuracy"], "train_time_s": end,
+            "running_time_s": end, "pushes_dropped": vt.log.dropped,
+            "iterations": [vt.log.iterations[w] for w in range(n)],
+            "staleness": {str(k): v for k, v in staleness.items()},
+            "staleness_mean": sum(k * v for k, v in staleness.items()) / pushes if pushes else 0.0,
+            "max_lead": result.max_lead_at_ok, "curve": curve, "dssp": None,
+            "train_start_wall": None, "wait_share": None}
+
+
+def plot_staleness(runs: list[dict], rows: list[dict], cluster: str, path: str, title: str) -> bool:
+    """Histogram of the staleness of applied pushes (updates since the pusher read the
+    weights) of each paradigm's median trial; False if no run of ``cluster`` has one."""
+    chosen = [next(r for r in runs if r["cluster"] == cluster and r["paradigm"] == row["paradigm"]
+                   and r["trial"] == row["median_trial"])
+              for row in rows if row["cluster"] == cluster]
+    chosen = [r for r in chosen if r.get("staleness")]
+    if not chosen:
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run in chosen:
+        hist = {int(k): v for k, v in run["staleness"].items()}
+        total = sum(hist.values())
+        xs = sorted(hist)
+        ax.step(xs, [hist[x] / total for x in xs], where="mid",
+                label=f"{run['paradigm']} (mean {run['staleness_mean']:.1f})")
+    ax.set_xlabel("staleness of an applied push (updates since its weights were read)")
+    ax.set_ylabel("share of applied pushes")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def plot_time_to_target(rows: list[dict], exp, target: float, path: str, title: str) -> bool:
+    """Virtual time to ``target`` against the number of workers, one line per paradigm, for
+    the virtual clusters of ``exp`` (a scaling study); False when fewer than two sizes."""
+    sizes = sorted({exp.workers_of(r["cluster"]) for r in rows if exp.is_virtual(r["cluster"])})
+    if len(sizes) < 2:
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in dict.fromkeys(r["paradigm"] for r in rows):
+        points = sorted((exp.workers_of(r["cluster"]), r.get(f"median_time_to_{target}"))
+                        for r in rows if r["paradigm"] == name and exp.is_virtual(r["cluster"]))
+        xs = [n for n, t in points if isinstance(t, (int, float))]
+        ys = [t for n, t in points if isinstance(t, (int, float))]
+        ax.plot(xs, ys, marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("workers")
+    ax.set_ylabel(f"virtual time to {target} test accuracy (s, median of seeds)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def iterations_text(iterations) -> str:
+    """Iterations per worker for a table: each worker's, or for many, the range and mean."""
+    iterations = list(iterations or [])
+    if len(iterations) <= 8:
+        return "/".join(str(i) for i in iterations)
+    return (f"{min(iterations)}..{max(iterations)} "
+            f"(mean {sum(iterations) / len(iterations):.1f})")

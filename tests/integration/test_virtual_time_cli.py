@@ -1,0 +1,87 @@
+"""Virtual-time training end to end: ``python -m kvstore_ext.simulate --train`` on the
+shipped config (16 virtual workers of LeNet on the MNIST digits), its records, table and
+plots; reproduce.py runs a config's virtual cluster in process; every virtual config loads."""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from kvstore_ext.experiments import ConfigError, load_experiment
+
+VIRTUAL_CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "virtual", "*.yaml")))
+SMALL = os.path.join(ROOT, "configs", "virtual", "mnist_16.yaml")
+
+
+def simulate(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "kvstore_ext.simulate", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("path", VIRTUAL_CONFIGS, ids=os.path.basename)
+def test_every_virtual_config_loads_and_dry_runs(path):
+    exp = load_experiment(path)
+    assert all(exp.is_virtual(c) for c in exp.clusters)
+    proc = simulate("--train", path, "--dry-run", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    runs = [line for line in proc.stdout.splitlines() if line.startswith("# trial")]
+    assert len(runs) == exp.trials * len(exp.clusters) * len(exp.paradigms)
+
+
+def test_sixteen_virtual_workers_train_lenet_in_under_a_minute(tmp_path):
+    out = tmp_path / "out"
+    proc = simulate("--train", SMALL, "--quick", "--out", str(out), "--paradigm", "BSP",
+                    "--paradigm", "SSP s=3", "--paradigm", "PSP c=0.75n", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads((out / "runs.json").read_text())["runs"]
+    assert [r["paradigm"] for r in runs] == ["BSP", "SSP s=3", "PSP c=0.75n"]
+    for run in runs:
+        assert run["virtual"] and run["workers"] == 16 and len(run["iterations"]) == 16
+        # every push reached every server (PSP: 2 servers) and was applied or dropped
+        servers = 2 if run["kvstore"] == "dist_psp" else 1
+        assert sum(run["staleness"].values()) + run["pushes_dropped"] \
+            == servers * sum(run["iterations"])
+        assert 100 <= sum(run["iterations"]) <= 1000    # a few hundred iterations
+        assert run["job_seconds"] < 40
+        curve = run["curve"]
+        assert curve[-1]["time_s"] == pytest.approx(2.0)   # the quick virtual horizon
+        assert curve[-1]["test_accuracy"] > curve[0]["test_accuracy"] + 0.3, curve   # learns
+    bsp, ssp, psp = runs
+    assert set(bsp["staleness"]) == {"0"} and bsp["max_lead"] == 0
+    assert max(map(int, ssp["staleness"])) > 0 and ssp["max_lead"] <= 3
+    assert psp["pushes_dropped"] > 0
+    # a straggler pattern makes BSP wait: SSP gets through more iterations in the same time
+    assert sum(ssp["iterations"]) > sum(bsp["iterations"])
+    for name in ("results.md", "results.csv", "accuracy_vs_time_transient.png",
+                 "staleness_transient.png", "test_error_vs_time_transient.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert "| transient | SSP s=3 |" in (out / "results.md").read_text()
+
+
+def test_reproduce_runs_a_virtual_cluster_beside_the_others(tmp_path):
+    config = tmp_path / "mixed.yaml"
+    config.write_text(open(SMALL).read().replace("workers: 16", "workers: 2")
+                      .replace("patterns:", "workers: 4, patterns:"))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "reproduce.py"),
+                           str(config), "--quick", "--paradigm", "ASP", "--out",
+                           str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run, = json.loads((tmp_path / "out" / "runs.json").read_text())["runs"]
+    assert run["workers"] == 4 and len(run["iterations"]) == 4 and run["virtual"]
+
+
+@pytest.mark.parametrize("change,match", [
+    ("latency: 0.002", "latency: -1"),
+    ("virtual: true, ", "virtual: false, "),
+    ("virtual: true, ", "virtual: yes please, "),
+])
+def test_bad_virtual_keys_name_the_key(tmp_path, change, match):
+    config = tmp_path / "bad.yaml"
+    config.write_text(open(SMALL).read().replace(change, match))
+    with pytest.raises(ConfigError) as err:
+        load_experiment(str(config))
+    assert "clusters.transient" in str(err.value)

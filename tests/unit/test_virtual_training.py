@@ -1,0 +1,181 @@
+"""Virtual-time training (kvstore_ext.virtual_training) on hand-worked schedules, against
+plain Gluon, and bit for bit against itself.
+
+The schedule: three virtual workers whose iterations take 1, 2 and 3 s, no latency.  Each
+trace entry is (worker, weight version it read, version its gradient was applied into), in
+the order the gradients reached the server; the expected traces are worked out by hand in
+the comments from each policy's rule (ties at one moment go in the order the workers started
+their iterations).
+"""
+from __future__ import annotations
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon
+
+from gluon_trainers.data import load_mnist
+from gluon_trainers.models import lenet
+from kvstore_ext import registry
+from kvstore_ext.devices import DeviceClock
+from kvstore_ext.simulate import simulate
+from kvstore_ext.virtual_training import VirtualTraining
+
+BATCH = 16
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_mnist(None, 2000, 200)
+
+
+def fresh_net(seed: int = 0):
+    mx.random.seed(seed)
+    net = lenet()
+    net.initialize(mx.init.Xavier(magnitude=2.24))
+    net(mx.nd.zeros((1, 1, 28, 28)))
+    return net
+
+
+def make_sgd(lr=0.05, momentum=0.9, wd=1e-4):
+    return lambda: mx.optimizer.create("sgd", learning_rate=lr, momentum=momentum, wd=wd,
+                                       rescale_grad=1.0 / BATCH)
+
+
+def train(digits, store, params, horizon, devices="1000ms,2000ms,3000ms", workers=3,
+          servers=1, seed=0, **optimizer):
+    x, y, xt, yt = digits
+    vt = VirtualTraining(fresh_net(seed), store, workers, x, y, xt, yt, BATCH,
+                         make_sgd(**optimizer), servers=servers, seed=seed, record_trace=True)
+    clocks = DeviceClock.for_cluster(devices, [], workers)
+    blocks = vt.blocks_per_server() if servers > 1 else None
+    simulate(store, registry.lookup(store).check(params), None, horizon, clocks=clocks,
+             servers=servers, blocks=blocks, trainer=vt)
+    return vt
+
+
+def per_key_trace(vt):
+    return [(w, read[0], applied[0]) for w, read, applied in vt.log.trace]
+
+
+def test_asp_trace(digits):
+    # t=1 w0 (read 0) -> v1; t=2 w1 (0) -> v2, w0 (1) -> v3; t=3 w2 (0) -> v4, w0 (3) -> v5;
+    # t=4 w1 (2) -> v6, w0 (5) -> v7
+    vt = train(digits, "dist_asp", {}, 4.0)
+    assert per_key_trace(vt) == [(0, 0, 1), (1, 0, 2), (0, 1, 3), (2, 0, 4), (0, 3, 5),
+                                 (1, 2, 6), (0, 5, 7)]
+    # staleness: updates between the read and the push (applied - 1 - read)
+    assert dict(vt.log.staleness) == {0: 1, 1: 4, 3: 2}
+
+
+def test_bsp_trace(digits):
+    # a round closes when the slowest (3 s) pushes: all three read v0 -> v1, then v1 -> v2
+    vt = train(digits, "dist_bsp", {}, 6.0)
+    assert per_key_trace(vt) == [(0, 0, 1), (1, 0, 1), (2, 0, 1), (0, 1, 2), (1, 1, 2),
+                                 (2, 1, 2)]
+    assert dict(vt.log.staleness) == {0: 6}
+
+
+def test_ssp_trace(digits):
+    # s=1: t=2 w0 (read 1) is 2 ahead of w2: applied (v3), waits; t=3 w2 (0) -> v4 lets it
+    # go; t=4 w1 (2) -> v5, w0 (4) -> v6 waits again; t=6 w2 (4) -> v7, w1 (5) -> v8
+    vt = train(digits, "dist_ssp", {"staleness": 1}, 6.5)
+    assert per_key_trace(vt) == [(0, 0, 1), (1, 0, 2), (0, 1, 3), (2, 0, 4), (1, 2, 5),
+                                 (0, 4, 6), (2, 4, 7), (1, 5, 8)]
+
+
+def test_dssp_trace(digits):
+    # s_L=1, s_U=3: as SSP s=1 until t=7, when w0 (read 7, lead 2) is the fastest and the
+    # controller predicts w2's next push at 9: one more iteration (r*=1) lands nearest, so w0
+    # gets OK at lead 2 (-> v9) where SSP s=1 makes it wait; t=8 w1 (read 8, lead 2) gets r*=2
+    # (-> v10); w0 (read 9, lead 3 > its bound 2) -> v11 and waits
+    vt = train(digits, "dist_dssp", {"staleness_lower": 1, "staleness_upper": 3}, 8.0)
+    assert per_key_trace(vt) == [(0, 0, 1), (1, 0, 2), (0, 1, 3), (2, 0, 4), (1, 2, 5),
+                                 (0, 4, 6), (2, 4, 7), (1, 5, 8), (0, 7, 9), (1, 8, 10),
+                                 (0, 9, 11)]
+    ssp = train(digits, "dist_ssp", {"staleness": 1}, 8.0)
+    # under SSP s=1, w0's push at t=7 (lead 2) is applied but not OK'd: no push at t=8
+    assert per_key_trace(ssp)[8:] == [(0, 7, 9), (1, 8, 10)]
+
+
+def test_psp_trace(digits):
+    # c=2: t=2 w1's push is the 2nd of round 0 -> v1 for w0 and w1; t=3 w2's push, stamped
+    # v0, is dropped (None) and it pulls v1; w0 (1); t=4 w1 (1) closes round 1 -> v2;
+    # t=5 w0 (2); t=6 w2 (1) dropped again, w1 (2) closes round 2 -> v3
+    vt = train(digits, "dist_psp", {"min_pushes": 2}, 6.0)
+    assert [(w, r[0], a[0]) for w, r, a in vt.log.trace] == [
+        (0, 0, 1), (1, 0, 1), (2, 0, None), (0, 1, 2), (1, 1, 2), (0, 2, 3), (2, 1, None),
+        (1, 2, 3)]
+    assert vt.log.dropped == 2
+
+
+def test_psp_blocks_on_two_servers_read_what_each_worker_holds(digits):
+    vt = train(digits, "dist_psp", {"min_pushes": 2}, 6.0, servers=2)
+    assert sorted(vt.blocks_per_server()) == [4, 4]   # LeNet's 8 keys, placed by key
+    # both servers see the same pushes, so their versions move together here
+    assert [(w, r, tuple(a)) for w, r, a in vt.log.trace][:3] == [
+        (0, (0, 0), (1, 1)), (1, (0, 0), (1, 1)), (2, (0, 0), (None, None))]
+
+
+def test_one_asynchronous_worker_is_plain_gluon_sgd(digits):
+    """n = 1 on dist_asp: the server's optimizer path gives what gluon.Trainer gives locally
+    for the same mini-batches (the worker's own shuffle of the training set)."""
+    x, y = digits[0], digits[1]
+    vt = train(digits, "dist_asp", {}, 5.5, devices="1000ms", workers=1, seed=3)
+    assert vt.pushes == 5
+    net = fresh_net(3)
+    trainer = gluon.Trainer(net.collect_params(), "sgd",
+                            {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    order = np.random.default_rng([3, 0]).permutation(len(x))
+    for step in range(5):
+        idx = order[step * BATCH:(step + 1) * BATCH]
+        with autograd.record():
+            loss = loss_fn(net(mx.nd.array(x[idx])), mx.nd.array(y[idx]))
+        loss.backward()
+        trainer.step(BATCH)
+    for mine, theirs in zip(vt.weights(), [p.data().asnumpy()
+                                           for p in net.collect_params().values()]):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_a_bsp_round_sums_every_workers_gradient_from_the_same_weights(digits):
+    x, y = digits[0], digits[1]
+    vt = train(digits, "dist_bsp", {}, 3.0, seed=1)   # exactly one round
+    net = fresh_net(1)
+    params = list(net.collect_params().values())
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    total = [np.zeros(p.shape, np.float32) for p in params]
+    for worker in range(3):
+        idx = np.random.default_rng([1, worker]).permutation(len(x))[:BATCH]
+        with autograd.record():
+            loss = loss_fn(net(mx.nd.array(x[idx])), mx.nd.array(y[idx]))
+        loss.backward()
+        for t, p in zip(total, params):
+            t += p.grad().asnumpy()
+    for p, g in zip(params, total):   # one momentum-SGD step from zero momentum, by hand
+        expected = p.data().asnumpy() * (1 - 0.05 * 1e-4) - 0.05 * g / BATCH
+        p.set_data(mx.nd.array(expected))
+    for mine, theirs in zip(vt.weights(), [p.data().asnumpy() for p in params]):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-6)
+
+
+def test_the_same_seed_gives_the_same_weights_bit_for_bit(digits):
+    runs = [train(digits, "dist_dssp", {"staleness_lower": 1, "staleness_upper": 3}, 12.0,
+                  devices="700ms,1000ms,1900ms", seed=5) for _ in range(2)]
+    assert runs[0].pushes == runs[1].pushes > 20
+    for a, b in zip(runs[0].weights(), runs[1].weights()):
+        assert np.array_equal(a, b)
+    other = train(digits, "dist_dssp", {"staleness_lower": 1, "staleness_upper": 3}, 12.0,
+                  devices="700ms,1000ms,1900ms", seed=6)
+    assert not np.array_equal(other.weights()[0], runs[0].weights()[0])
+
+
+def test_worker_pools_and_horovod_stores_are_refused_with_the_reason(digits):
+    x, y, xt, yt = digits
+    with pytest.raises(ValueError, match="dist_pool"):
+        VirtualTraining(fresh_net(), "dist_pool", 2, x, y, xt, yt, BATCH, make_sgd())
+    with pytest.raises(ValueError, match="dist_ssgd: no synchronisation model"):
+        VirtualTraining(fresh_net(), "dist_ssgd", 2, x, y, xt, yt, BATCH, make_sgd())
+    with pytest.raises(ValueError, match="batch_size 4000 is larger"):
+        VirtualTraining(fresh_net(), "dist_bsp", 2, x, y, xt, yt, 4000, make_sgd())

@@ -10,18 +10,20 @@ HOROVOD_ENV := HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT
                HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO MAKEFLAGS=-j2
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast demo bench bench-kvstore bench-train bench-dssp-policy bench-dcs3gd bench-plan reproduce \
-        reproduce-dssp reproduce-psp reproduce-8workers clean help
+.PHONY: setup test test-fast demo bench bench-kvstore bench-train bench-dssp-policy bench-dcs3gd bench-plan \
+        bench-virtual reproduce reproduce-dssp reproduce-psp reproduce-8workers reproduce-virtual clean help
 
 help:
 	@echo "make demo    - set up (first time) and compare BSP, ASP, SSP and DSSP on an emulated GTX 1080 Ti + GTX 1060"
 	@echo "make test    - set up (first time) and run the test suite"
 	@echo "make test-fast - only the unit tests (no jobs; about a minute)"
 	@echo "make bench   - kvstore round rates and end-to-end training speed vs MXNet's own stores,"
-	@echo "               and the planner's predictions against real jobs (make bench-plan)"
+	@echo "               the planner's predictions against real jobs (make bench-plan) and"
+	@echo "               1,024 virtual workers trained in one process (make bench-virtual)"
 	@echo "make reproduce - the DSSP and PSP-SGD papers' experiments at this machine's scale, on emulated"
 	@echo "                 devices (about 2 hours; make reproduce-dssp, reproduce-8workers or"
-	@echo "                 reproduce-psp for one of them)"
+	@echo "                 reproduce-psp for one of them); make reproduce-virtual: virtual-time"
+	@echo "                 training beside real jobs of 2, 4 and 8 workers"
 	@echo "make setup   - only create .venv with pinned dependencies and horovod"
 
 $(STAMP): requirements.txt setup.cfg pyproject.toml
@@ -51,7 +53,7 @@ test-fast: setup
 demo: setup
 	$(PY) scripts/demo.py
 
-bench: bench-kvstore bench-train bench-dssp-policy bench-dcs3gd bench-plan
+bench: bench-kvstore bench-train bench-dssp-policy bench-dcs3gd bench-plan bench-virtual
 
 bench-kvstore: setup
 	$(PY) scripts/bench_kvstore.py --trials 3 --out results/bench
@@ -74,7 +76,15 @@ bench-plan: setup
 	$(PY) -m kvstore_ext.plan calibrate --out results/plan/calibration_repeat.json
 	$(PY) -m kvstore_ext.plan validate --trials 3 --out results/plan
 
+# 1,024 virtual workers of LeNet on MNIST, every paradigm, in one process (results/virtual_mnist_1024)
+bench-virtual: setup
+	$(PY) -m kvstore_ext.simulate --train configs/virtual/mnist_1024.yaml --out results/virtual_mnist_1024
+
 reproduce: reproduce-dssp reproduce-8workers reproduce-psp
+
+# virtual time against real jobs on the same emulated devices, n = 2, 4, 8 (about 90 minutes)
+reproduce-virtual: setup
+	for n in 2 4 8; do $(PY) scripts/reproduce.py configs/virtual/agreement_n$$n.yaml || exit 1; done
 
 reproduce-dssp: setup
 	$(PY) scripts/reproduce.py configs/dssp_mnist.yaml

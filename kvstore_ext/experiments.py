@@ -28,8 +28,9 @@ TOP_KEYS = {"name", "description", "paper", "script", "args", "workers", "server
 #: virtual time in one process (:mod:`kvstore_ext.virtual_training`), with its own ``workers``,
 #: the ``latency`` and server ``service`` time of a message (seconds), ``eval_every``
 #: (virtual seconds between evaluations) and ``lr`` (the learning rate at this size, over
-#: the script's: the stores sum n workers' gradients)
-VIRTUAL_KEYS = {"virtual", "workers", "latency", "service", "eval_every", "lr"}
+#: the script's: the stores sum n workers' gradients) and ``patience`` (end a run after this
+#: many evaluations below its best accuracy)
+VIRTUAL_KEYS = {"virtual", "workers", "latency", "service", "eval_every", "lr", "patience"}
 CLUSTER_KEYS = {"speeds", "speed_jitter", "speed_seed", "delay_replies", "slow_server", "fault_seed",
                 "device", "device_model", "device_batch", "patterns"} | VIRTUAL_KEYS
 PARADIGM_KEYS = {"name", "kvstore", "params", "backend"}
@@ -249,9 +250,11 @@ def _cluster_options(entry: dict, at: str, servers: int, workers: int) -> dict:
         raise ConfigError(f"{at}: {virtual[0]} is for a virtual-time cluster (virtual: true)")
     _need(out.get("virtual", False) in (True, False), at,
           f"virtual must be true or false, got {out.get('virtual')!r}")
+    for key in ("workers", "patience"):
+        value = out.get(key, 1)
+        _need(isinstance(value, int) and not isinstance(value, bool) and value >= 1, at,
+              f"{key} must be an integer >= 1, got {value!r}")
     workers = out.get("workers", workers)
-    _need(isinstance(workers, int) and not isinstance(workers, bool) and workers >= 1, at,
-          f"workers must be an integer >= 1, got {workers!r}")
     for key in ("latency", "service", "eval_every", "lr"):
         value = out.get(key, 0.0)
         _need(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
@@ -319,6 +322,7 @@ def summarise(runs: list[dict], targets: list[float]) -> list[dict]:
                "median_trial": chosen["trial"], "final_accuracy": chosen["final_accuracy"],
                "train_time_s": chosen["train_time_s"],
                "iterations": chosen.get("iterations"),
+               "staleness_mean": chosen.get("staleness_mean"),
                "wait_share": chosen.get("wait_share"),
                # averages over the trials, as the PSP-SGD paper reports them
                "running_time_s": _mean(r.get("running_time_s") for r in group),

@@ -34,13 +34,29 @@ def write_results(out_dir: str, stem: str, rows: list[dict], columns: list[tuple
     return table
 
 
-def plot_accuracy(runs, rows, cluster, path, title, x="time_s", error=False):
-    """Worker 0's (a virtual run: the servers') test accuracy, or top-1 error, of each
-    paradigm's median trial against ``x`` (a key of the curve's points)."""
+def new_figure(size=(7, 4.5)):
+    """A matplotlib figure and its axes, drawn without a display."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    return plt.subplots(figsize=size)
+
+
+def save_figure(fig, ax, title: str, path: str, legend_size=8) -> None:
+    """Title, grid and legend; write the PNG and free the figure."""
+    import matplotlib.pyplot as plt
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_accuracy(runs, rows, cluster, path, title, x="time_s", error=False):
+    """Worker 0's (a virtual run: the servers') test accuracy, or top-1 error, of each
+    paradigm's median trial against ``x`` (a key of the curve's points)."""
+    fig, ax = new_figure()
     for row in rows:
         if row["cluster"] != cluster:
             continue
@@ -54,13 +70,8 @@ def plot_accuracy(runs, rows, cluster, path, title, x="time_s", error=False):
                   else x)
     whose = "servers' weights" if virtual else "worker 0"
     ax.set_ylabel(f"top-1 test error ({whose})" if error else f"test accuracy ({whose})")
-    ax.set_title(title)
     lows = [p["test_accuracy"] for r in runs if r["cluster"] == cluster for p in r["curve"]]
     if lows:
         low = max(0.0, sorted(lows)[len(lows) // 10] - 0.02)
         ax.set_ylim(*((0.0, 1.0 - low) if error else (low, 1.0)))
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, ax, title, path, legend_size=None)

@@ -14,8 +14,9 @@ paradigm: the median trial by final accuracy, its time to each target
 accuracy), accuracy_vs_time_<cluster>.png, accuracy_vs_epoch_<cluster>.png
 (when the curves carry epochs), for dist_psp runs test_error_vs_time_<cluster>.png,
 for DSSP runs dssp_threshold_<cluster>.png, for virtual runs staleness_<cluster>.png and, over
-virtual clusters of several sizes, time_to_<target>_vs_workers.png. The table also gives, averaged over the
-trials, the running time (until the last worker is done), test error and pushes dropped.
+virtual clusters <kind>_<n> of several sizes, time_to_<target>_vs_workers_<kind>.png. The table
+also gives, averaged over the trials, the running time (until the last worker is done), test
+error and pushes dropped.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from kvstore_ext.experiments import ConfigError, load_experiment, summarise
 from kvstore_ext.launch import run_local_job
 from kvstore_ext.policies.psp import resolve_min_pushes
 from kvstore_ext.reports import plot_accuracy, write_results
-from kvstore_ext.virtual_training import (iterations_text, plot_staleness,
+from kvstore_ext.virtual_training import (cluster_kinds, iterations_text, plot_staleness,
                                           plot_time_to_target, run_virtual)
 from gluon_trainers.straggler import read_device_logs, round_overhead, warm_up
 
@@ -43,7 +44,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="reproduce.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("config", help="an experiment YAML from configs/")
@@ -146,8 +147,12 @@ def collect(workdir, exp, trial, cluster, paradigm, seconds) -> dict:
     w0 = workers[0]
     dssp, dropped, delayed = None, 0, 0
     blocks = [None] * exp.servers   # blocks each server held, by rank
+    staleness: dict[int, int] = {}  # of applied pushes, every key's (each key sees every push)
     for path in sorted(glob.glob(os.path.join(workdir, "metrics", "server-*.json"))):
         server = read_json(path)
+        for hist in server.get("staleness", {}).values():
+            for value, count in hist.items():
+                staleness[int(value)] = staleness.get(int(value), 0) + count
         if 0 <= server.get("server", -1) < exp.servers:
             blocks[server["server"]] = server.get("blocks")
         dropped += server.get("pushes_dropped", 0)
@@ -173,6 +178,8 @@ def collect(workdir, exp, trial, cluster, paradigm, seconds) -> dict:
             "iterations": [w["steps"] for w in workers],
             "wait_share": sum(waits) / len(waits) if waits else None,
             "curve": w0["accuracy_curve"], "dssp": dssp,
+            "staleness_mean": (sum(k * v for k, v in staleness.items()) / sum(staleness.values())
+                               if staleness else None),
             "max_lead": dssp.get("max_lead_at_ok") if dssp else None,
             "host_share": [d.get("host_share") for d in devices],
             "round_overhead_s": round_overhead(logs) if logs and synchronous else None,
@@ -233,6 +240,7 @@ def table_columns(exp):
     cols += [("trials reaching " + str(exp.targets[-1]) if exp.targets else "trials",
               f"reached_{exp.targets[-1]}" if exp.targets else "trials", "{}"),
              ("iterations per worker", "iterations_text", "{}"),
+             ("staleness (mean)", "staleness_mean", "{:.2f}"),
              ("training time (s)", "train_time_s", "{:.1f}")]
     if any(exp.uses_devices(c) for c in exp.clusters):
         cols += [("simulated iterations", "simulated_text", "{}"),
@@ -324,7 +332,7 @@ def main(argv=None) -> int:
         last = runs[-1]
         tqdm.write(f"trial {trial} {cluster:<12} {paradigm.name:<12} final accuracy "
                    f"{last['final_accuracy']:.4f}, training {last['train_time_s']:.1f} s, "
-                   f"iterations {last['iterations']}")
+                   f"iterations {iterations_text(last['iterations'])}")
 
     rows = summarise(runs, exp.targets)
     for row in rows:   # the median trial's largest lead at an OK (DSSP's log)
@@ -358,10 +366,12 @@ def main(argv=None) -> int:
         path = os.path.join(out, f"staleness_{cluster}.png")
         if plot_staleness(runs, rows, cluster, path, title):
             figures.append(path)
-    for target in exp.targets:
-        path = os.path.join(out, f"time_to_{target}_vs_workers.png")
-        if plot_time_to_target(rows, exp, target, path, f"{exp.name}: time to {target}"):
-            figures.append(path)
+    for kind, members in cluster_kinds(exp).items():   # a scaling study: one plot per kind
+        for target in exp.targets:
+            path = os.path.join(out, f"time_to_{target}_vs_workers_{kind}.png")
+            if plot_time_to_target(rows, exp, target, [c for c in members if c in clusters],
+                                   path, f"{exp.name}, {kind}: time to {target}"):
+                figures.append(path)
     print()
     print(table)
     print(f"\nresults in {os.path.abspath(out)}: results.md, results.csv, runs.json, "

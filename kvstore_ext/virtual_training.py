@@ -17,6 +17,7 @@ bounded by the versions in flight.  The same seed gives the same weights, bit fo
 """
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ import numpy as np
 
 from . import registry
 from .ps.partition import Partitioner
+from .reports import new_figure, save_figure
 
 @dataclass
 class Evaluation:
@@ -94,7 +96,8 @@ class VirtualTraining:
     def __init__(self, net, store_type: str, num_workers: int, x_train, y_train, x_test,
                  y_test, batch_size: int, make_optimizer, servers: int = 1,
                  bigarray_bound: int = 1_000_000, seed: int = 0, eval_every: float = 0.0,
-                 max_iterations: int = 0, record_trace: bool = False, progress=None):
+                 max_iterations: int = 0, record_trace: bool = False, progress=None,
+                 patience: int = 0):
         import mxnet as mx
         from mxnet import gluon
         from .optimizers import ServerOptimizer
@@ -130,7 +133,6 @@ class VirtualTraining:
         # flat views of the net's weights and gradients, which blocks are copied in and out of
         self.flat_data = [p.data().reshape(-1) for p in self.params]
         self.flat_grad = [p.grad().reshape(-1) for p in self.params]
-        self.seed = seed
         self.rngs = [np.random.default_rng([seed, w]) for w in range(num_workers)]
         self.orders = [np.empty(0, np.int64)] * num_workers
         self.cursor = [0] * num_workers
@@ -141,6 +143,8 @@ class VirtualTraining:
         self.eval_every = eval_every
         self.next_eval = 0.0
         self.max_iterations = max_iterations
+        self.patience = patience      # evaluations without a new best accuracy that end the run
+        self.stopped_early = False
         self.pushes = 0
         self.now = 0.0
         self.progress = progress
@@ -161,6 +165,10 @@ class VirtualTraining:
                 snap = s.snapshot if version == s.version else s.kept[version]
                 chosen.append((version, snap))
         self.reading[worker] = tuple(chosen)
+        for state, (_, snap) in zip(self.servers, chosen):
+            if state.optimizer.delay_aware:   # as the server's sent_weights tells it
+                for block, weight in zip(state.blocks, snap):
+                    state.optimizer.pulled(block.key, weight, worker)
 
     def push(self, worker: int, server: int = 0, accepted: bool = True) -> None:
         """``worker``'s gradient reaches ``server`` (computed once, on the first server)."""
@@ -197,7 +205,6 @@ class VirtualTraining:
         pushers, state.pushers = state.pushers, []
         if not state.gathered:
             return
-        before = state.version
         self._keep(state)
         state.apply(delay)
         if self.record_trace:
@@ -205,14 +212,20 @@ class VirtualTraining:
                 entry = self._pending_trace.get(w)
                 if entry is not None and entry[2][server] is None:
                     entry[2][server] = state.version
-        assert state.version == before + 1
 
     def advance(self, until: float) -> bool:
         """Evaluate at each ``eval_every`` point of virtual time up to ``until``; False when
-        the run is over (``max_iterations`` pushes made)."""
-        while self.eval_every and self.next_eval <= until:
+        the run is over: ``max_iterations`` pushes made, or ``patience`` evaluations in a row
+        below the best accuracy so far."""
+        while self.eval_every and self.next_eval <= until and not self.stopped_early:
             self.evaluate(self.next_eval)
             self.next_eval += self.eval_every
+            accuracies = [e.accuracy for e in self.log.curve]
+            best = accuracies.index(max(accuracies))
+            behind = len(accuracies) - 1 - best
+            self.stopped_early = bool(self.patience) and behind >= self.patience
+        if self.stopped_early:
+            return False
         self.now = until
         return not (self.max_iterations and self.pushes >= self.max_iterations)
 
@@ -341,7 +354,8 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
     vt = VirtualTraining(net, paradigm.kvstore, n, x_train, y_train, x_test, y_test, batch,
                          lambda: pickle.loads(blob), servers=servers, seed=trial,
                          eval_every=eval_every, max_iterations=per_worker * n,
-                         progress=moved if progress else None)
+                         progress=moved if progress else None,
+                         patience=int(opts.get("patience", 0)))
     t0 = time.perf_counter()
     blocks = vt.blocks_per_server() if servers > 1 else None
     result = simulate(paradigm.kvstore, paradigm.params, None, horizon,
@@ -350,6 +364,8 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
                       registry.lookup(paradigm.kvstore).policy else 0.0,
                       servers=servers, blocks=blocks, trainer=vt, seed=trial)
     end = min(vt.now, horizon) if per_worker else horizon
+    if vt.stopped_early:
+        end = vt.log.curve[-1].time
     vt.advance(end)
     if not vt.log.curve or vt.log.curve[-1].time < end:
         vt.evaluate(end)
@@ -370,6 +386,7 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
             "staleness": {str(k): v for k, v in staleness.items()},
             "staleness_mean": sum(k * v for k, v in staleness.items()) / pushes if pushes else 0.0,
             "max_lead": result.max_lead_at_ok, "curve": curve, "dssp": None,
+            "stopped_early": vt.stopped_early,
             "train_start_wall": None, "wait_share": None}
 
 
@@ -382,52 +399,51 @@ def plot_staleness(runs: list[dict], rows: list[dict], cluster: str, path: str, 
     chosen = [r for r in chosen if r.get("staleness")]
     if not chosen:
         return False
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = new_figure()
+    top = max(int(k) for run in chosen for k in run["staleness"])
+    bins = np.linspace(0, top + 1, min(top + 2, 60))   # shared bins; a one-value run is a bar
     for run in chosen:
-        hist = {int(k): v for k, v in run["staleness"].items()}
-        total = sum(hist.values())
-        xs = sorted(hist)
-        ax.step(xs, [hist[x] / total for x in xs], where="mid",
-                label=f"{run['paradigm']} (mean {run['staleness_mean']:.1f})")
+        values = [int(k) for k in run["staleness"]]
+        counts = list(run["staleness"].values())
+        total = sum(counts)
+        ax.hist(values, bins=bins, weights=[c / total for c in counts], histtype="step",
+                linewidth=1.5, label=f"{run['paradigm']} (mean {run['staleness_mean']:.1f})")
     ax.set_xlabel("staleness of an applied push (updates since its weights were read)")
     ax.set_ylabel("share of applied pushes")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, ax, title, path)
     return True
 
 
-def plot_time_to_target(rows: list[dict], exp, target: float, path: str, title: str) -> bool:
-    """Virtual time to ``target`` against the number of workers, one line per paradigm, for
-    the virtual clusters of ``exp`` (a scaling study); False when fewer than two sizes."""
-    sizes = sorted({exp.workers_of(r["cluster"]) for r in rows if exp.is_virtual(r["cluster"])})
-    if len(sizes) < 2:
+def cluster_kinds(exp) -> dict[str, list[str]]:
+    """The virtual clusters of ``exp`` by kind: a scaling study names its clusters
+    ``<kind>_<n>`` (``transient_8``, ``transient_32``, ...)."""
+    kinds: dict[str, list[str]] = {}
+    for name in exp.clusters:
+        if exp.is_virtual(name):
+            kinds.setdefault(re.sub(r"[_-]?\d+$", "", name) or name, []).append(name)
+    return kinds
+
+
+def plot_time_to_target(rows: list[dict], exp, target: float, clusters: list[str], path: str,
+                        title: str) -> bool:
+    """Virtual time to ``target`` (median of seeds) against the number of workers, one line
+    per paradigm, over ``clusters`` (one kind, several sizes); False when fewer than two
+    sizes.  A paradigm that did not reach the target at a size has no point there."""
+    mine = [r for r in rows if r["cluster"] in clusters]
+    if len({exp.workers_of(c) for c in clusters}) < 2 or not mine:
         return False
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name in dict.fromkeys(r["paradigm"] for r in rows):
+    fig, ax = new_figure()
+    for name in dict.fromkeys(r["paradigm"] for r in mine):
         points = sorted((exp.workers_of(r["cluster"]), r.get(f"median_time_to_{target}"))
-                        for r in rows if r["paradigm"] == name and exp.is_virtual(r["cluster"]))
+                        for r in mine if r["paradigm"] == name)
         xs = [n for n, t in points if isinstance(t, (int, float))]
         ys = [t for n, t in points if isinstance(t, (int, float))]
         ax.plot(xs, ys, marker="o", label=name)
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     ax.set_xlabel("workers")
     ax.set_ylabel(f"virtual time to {target} test accuracy (s, median of seeds)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, ax, title, path)
     return True
 
 

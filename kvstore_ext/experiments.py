@@ -255,10 +255,11 @@ def _cluster_options(entry: dict, at: str, servers: int, workers: int) -> dict:
         _need(isinstance(value, int) and not isinstance(value, bool) and value >= 1, at,
               f"{key} must be an integer >= 1, got {value!r}")
     workers = out.get("workers", workers)
-    for key in ("latency", "service", "eval_every", "lr"):
+    for key, what in (("latency", "seconds"), ("service", "seconds"),
+                      ("eval_every", "virtual seconds"), ("lr", "a learning rate")):
         value = out.get(key, 0.0)
         _need(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-              and math.isfinite(value), at, f"{key} must be a number of seconds >= 0, got {value!r}")
+              and math.isfinite(value), at, f"{key} must be {what} >= 0, got {value!r}")
     device_keys = sorted(set(out) & {"device_model", "device_batch", "patterns"})
     if device_keys and "device" not in out:
         raise ConfigError(f"{at}: {device_keys[0]} needs device (the emulated devices)")
@@ -303,6 +304,18 @@ def median_run(runs: list[dict]) -> dict:
     """The trial whose final accuracy is the median (the lower middle one for an even count)."""
     ordered = sorted(runs, key=lambda r: (r["final_accuracy"], r["trial"]))
     return ordered[(len(ordered) - 1) // 2]
+
+
+def median_of(runs: list[dict], row: dict) -> dict:
+    """The run behind a row of :func:`summarise`: its cluster's and paradigm's median trial."""
+    return next(r for r in runs if r["cluster"] == row["cluster"] and
+                r["paradigm"] == row["paradigm"] and r["trial"] == row["median_trial"])
+
+
+def histogram_mean(counts: dict) -> float | None:
+    """The mean of a histogram ``{value: count}`` (values as ints or strings), or None."""
+    total = sum(counts.values())
+    return sum(int(k) * v for k, v in counts.items()) / total if total else None
 
 
 def _mean(values):

@@ -7,6 +7,8 @@ import os
 import sys
 import time
 
+from .experiments import median_of
+
 
 def write_results(out_dir: str, stem: str, rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     """Write ``<stem>.json``, ``<stem>.csv`` and ``<stem>.md`` into ``out_dir``; return the table.
@@ -60,8 +62,7 @@ def plot_accuracy(runs, rows, cluster, path, title, x="time_s", error=False):
     for row in rows:
         if row["cluster"] != cluster:
             continue
-        run = next(r for r in runs if r["cluster"] == cluster and r["paradigm"] == row["paradigm"]
-                   and r["trial"] == row["median_trial"])
+        run = median_of(runs, row)
         ax.plot([p[x] for p in run["curve"]],
                 [1 - p["test_accuracy"] if error else p["test_accuracy"] for p in run["curve"]],
                 marker=".", label=row["paradigm"])

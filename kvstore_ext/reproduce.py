@@ -32,7 +32,8 @@ import time
 
 from tqdm import tqdm
 
-from kvstore_ext.experiments import ConfigError, load_experiment, summarise
+from kvstore_ext.experiments import (ConfigError, histogram_mean, load_experiment, median_of,
+                                     summarise)
 from kvstore_ext.launch import run_local_job
 from kvstore_ext.policies.psp import resolve_min_pushes
 from kvstore_ext.reports import plot_accuracy, write_results
@@ -97,8 +98,7 @@ def predict(runs, rows, exp) -> None:
         options = exp.cluster_options.get(cluster, {})
         if not exp.uses_devices(cluster) or "delay_replies" in options:
             continue
-        run = next(r for r in runs if r["cluster"] == cluster and r["paradigm"] == row["paradigm"]
-                   and r["trial"] == row["median_trial"])
+        run = median_of(runs, row)
         store = SIMULATED_AS.get(run["kvstore"], run["kvstore"])
         simulated = store in registry.STORE_TYPES and (registry.lookup(store).policy or
                                                        registry.lookup(store).block_policy)
@@ -178,8 +178,7 @@ def collect(workdir, exp, trial, cluster, paradigm, seconds) -> dict:
             "iterations": [w["steps"] for w in workers],
             "wait_share": sum(waits) / len(waits) if waits else None,
             "curve": w0["accuracy_curve"], "dssp": dssp,
-            "staleness_mean": (sum(k * v for k, v in staleness.items()) / sum(staleness.values())
-                               if staleness else None),
+            "staleness_mean": histogram_mean(staleness),
             "max_lead": dssp.get("max_lead_at_ok") if dssp else None,
             "host_share": [d.get("host_share") for d in devices],
             "round_overhead_s": round_overhead(logs) if logs and synchronous else None,
@@ -191,9 +190,7 @@ def plot_thresholds(runs, rows, cluster, path, title) -> bool:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    chosen = [next(r for r in runs if r["cluster"] == cluster and r["paradigm"] == row["paradigm"]
-                   and r["trial"] == row["median_trial"])
-              for row in rows if row["cluster"] == cluster]
+    chosen = [median_of(runs, row) for row in rows if row["cluster"] == cluster]
     chosen = [r for r in chosen if r.get("dssp")]
     if not chosen:
         return False
@@ -336,9 +333,7 @@ def main(argv=None) -> int:
 
     rows = summarise(runs, exp.targets)
     for row in rows:   # the median trial's largest lead at an OK (DSSP's log)
-        median = next(r for r in runs if r["cluster"] == row["cluster"] and
-                      r["paradigm"] == row["paradigm"] and r["trial"] == row["median_trial"])
-        row["max_lead"] = median.get("max_lead")
+        row["max_lead"] = median_of(runs, row).get("max_lead")
     predict(runs, rows, exp)
     rows = decorate(rows, exp)
     table = write_results(out, "results", rows, table_columns(exp))

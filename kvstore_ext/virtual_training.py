@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import registry
+from .experiments import histogram_mean, median_of
 from .ps.partition import Partitioner
 from .reports import new_figure, save_figure
 
@@ -109,7 +110,7 @@ class VirtualTraining:
         if self.row.name == "dist_pool":
             raise ValueError("dist_pool: a worker pool changes batch sizes and the learning "
                              "rate as it goes; virtual-time training does not run it yet")
-        self.net, self.n = net, num_workers
+        self.net = net
         self.params = list(net.collect_params().values())
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
         self.x_train, self.y_train = x_train, y_train
@@ -130,14 +131,18 @@ class VirtualTraining:
         for s, blocks in enumerate(held_by):
             optimizer = ServerOptimizer(make_optimizer(), self.row.name, self.row.asynchronous)
             self.servers.append(ServerState(s, blocks, values, optimizer))
-        # flat views of the net's weights and gradients, which blocks are copied in and out of
+        # flat views of the net's weights, which blocks are copied into, and of its gradients,
+        # per server, which the servers sum from (a push reaches every server in one event,
+        # before the next backward: no copy of the gradient is kept)
         self.flat_data = [p.data().reshape(-1) for p in self.params]
-        self.flat_grad = [p.grad().reshape(-1) for p in self.params]
+        flat_grad = [p.grad().reshape(-1) for p in self.params]
+        self.grad_views = [[flat_grad[b.key][b.start:b.stop] for b in state.blocks]
+                           for state in self.servers]
+        self._loaded: tuple | None = None       # the versions the net holds now
         self.rngs = [np.random.default_rng([seed, w]) for w in range(num_workers)]
         self.orders = [np.empty(0, np.int64)] * num_workers
         self.cursor = [0] * num_workers
         self.reading: dict[int, tuple] = {}     # worker -> (versions, snapshots) it read
-        self.computed: dict[int, tuple] = {}    # worker -> its pushed gradient, per server
         self.log = TrainingLog()
         self.record_trace = record_trace
         self.eval_every = eval_every
@@ -171,9 +176,10 @@ class VirtualTraining:
                     state.optimizer.pulled(block.key, weight, worker)
 
     def push(self, worker: int, server: int = 0, accepted: bool = True) -> None:
-        """``worker``'s gradient reaches ``server`` (computed once, on the first server)."""
-        if worker not in self.computed:
-            self.computed[worker] = self._gradient(worker)
+        """``worker``'s gradient reaches ``server``: computed when it reaches the first one
+        (the simulator gives a push to every server, in order, within one event)."""
+        if server == 0:
+            self._backward(worker)
             self.pushes += 1
             self.log.iterations[worker] += 1
             if self.record_trace:
@@ -183,17 +189,14 @@ class VirtualTraining:
                 self._pending_trace[worker] = entry
             if self.progress is not None:
                 self.progress(self.now, self.pushes)
-        grads = self.computed[worker][server]
         state = self.servers[server]
         read_version = self.reading[worker][server][0]
         if accepted:
             self.log.staleness[state.version - read_version] += 1
-            state.gather(grads)
+            state.gather(self.grad_views[server])
             state.pushers.append(worker)
         else:
             self.log.dropped += 1
-        if server == self.num_servers - 1:   # every server has it now
-            del self.computed[worker]
 
     def apply(self, server: int = 0, pusher: int | None = None) -> None:
         """The policy applies what ``server`` gathered (``pusher``: the one push's worker, on
@@ -242,12 +245,19 @@ class VirtualTraining:
         return order[start:start + self.batch_size]
 
     def _load(self, reading) -> None:
-        """Put the weights of ``reading`` (per server: version, block weights) into the net."""
+        """Put the weights of ``reading`` (per server: version, block weights) into the net,
+        unless it holds those versions already (a BSP round's workers all read one)."""
+        versions = tuple(v for v, _ in reading)
+        if versions == self._loaded:
+            return
+        self._loaded = versions
         for (_, snap), state in zip(reading, self.servers):
             for block, values in zip(state.blocks, snap):
                 self.flat_data[block.key][block.start:block.stop] = values
 
-    def _gradient(self, worker: int):
+    def _backward(self, worker: int) -> None:
+        """``worker``'s gradient on its next mini-batch, from the weights it read, into the
+        net's gradient arrays."""
         mx = self.mx
         self._load(self.reading[worker])
         idx = self._batch(worker)
@@ -255,8 +265,6 @@ class VirtualTraining:
         with self.autograd.record():
             loss = self.loss_fn(self.net(data), label)
         loss.backward()
-        return [[self.flat_grad[b.key][b.start:b.stop].copy() for b in state.blocks]
-                for state in self.servers]
 
     def _keep(self, state: ServerState) -> None:
         """Keep the weights at ``state``'s version while a worker may still ask for them
@@ -375,7 +383,6 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
               "epoch": e.iterations * batch / samples, "test_accuracy": e.accuracy}
              for e in vt.log.curve]
     staleness = dict(sorted(vt.log.staleness.items()))
-    pushes = sum(staleness.values())
     return {"trial": trial, "cluster": cluster, "paradigm": paradigm.name,
             "kvstore": paradigm.kvstore, "params": paradigm.params, "virtual": True,
             "workers": n, "speeds": exp.clusters[cluster],
@@ -384,7 +391,7 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
             "running_time_s": end, "pushes_dropped": vt.log.dropped,
             "iterations": [vt.log.iterations[w] for w in range(n)],
             "staleness": {str(k): v for k, v in staleness.items()},
-            "staleness_mean": sum(k * v for k, v in staleness.items()) / pushes if pushes else 0.0,
+            "staleness_mean": histogram_mean(staleness),
             "max_lead": result.max_lead_at_ok, "curve": curve, "dssp": None,
             "stopped_early": vt.stopped_early,
             "train_start_wall": None, "wait_share": None}
@@ -393,9 +400,7 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
 def plot_staleness(runs: list[dict], rows: list[dict], cluster: str, path: str, title: str) -> bool:
     """Histogram of the staleness of applied pushes (updates since the pusher read the
     weights) of each paradigm's median trial; False if no run of ``cluster`` has one."""
-    chosen = [next(r for r in runs if r["cluster"] == cluster and r["paradigm"] == row["paradigm"]
-                   and r["trial"] == row["median_trial"])
-              for row in rows if row["cluster"] == cluster]
+    chosen = [median_of(runs, row) for row in rows if row["cluster"] == cluster]
     chosen = [r for r in chosen if r.get("staleness")]
     if not chosen:
         return False

@@ -277,12 +277,16 @@ def test_an_always_late_servers_blocks_keep_training_with_b_below_one(run_job, t
     come, so server 1's blocks move one version per delay.  When they were dropped, every
     gradient for server 1 carried the version of the last complete pull (the first steps), the
     server dropped them all, and its blocks stopped: 16 versions in 10 s against 281 on
-    server 0, test accuracy 0.64-0.69 (now about 38 versions and 0.84)."""
+    server 0, test accuracy 0.64-0.69 (now about 45 versions and 0.79-0.87).
+
+    The run is a fixed number of steps, not a fixed time: on a loaded machine a timed run
+    makes fewer steps and the accuracy bar measured the load (0.61 in one loaded run), while
+    a slower step only gives server 1's blocks more versions per step."""
     out = str(tmp_path / "r-{rank}.json")
     metrics = tmp_path / "metrics"
     delay = 0.2
-    code, log = run_job(2, 2, [TRAIN, "--kvstore", "dist_psp", "--epochs", "100", "--max-time",
-                               "12", "--batch-size", "32", "--out", out],
+    code, log = run_job(2, 2, [TRAIN, "--kvstore", "dist_psp", "--epochs", "100", "--max-steps",
+                               "360", "--max-time", "60", "--batch-size", "32", "--out", out],
                         "--kv-param", "min_pull_fraction=0.5", "--slow-server", f"1:{delay}",
                         "--fault-seed", "3", "--metrics-dir", str(metrics))
     assert code == 0, log[-3000:]
@@ -292,7 +296,9 @@ def test_an_always_late_servers_blocks_keep_training_with_b_below_one(run_job, t
     # the workers went on without server 1: many steps per delay, blocks kept
     # (the first steps, before stock Trainer's per-key calls are gathered into one call
     # per step, and the first pull of each key wait for server 1 whatever b is)
-    assert min(r["steps"] for r in results) >= 20
+    assert min(r["steps"] for r in results) == 360, [r["steps"] for r in results]
+    # waiting for server 1 would cost the delay every step
+    assert max(r["wall_time_s"] / r["steps"] for r in results) < delay, results
     assert min(r["kvstore_stats"]["worker"]["blocks_kept"] for r in results) > 0
     v0, v1 = (s["psp"]["versions"][-1] for s in servers)
     wall = min(r["wall_time_s"] for r in results)

@@ -5,6 +5,9 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.deps-installed
 HVD    := $(VENV)/.horovod-installed
+SYSPKG := $(VENV)/.system-packages
+# what tests/integration/test_remote_launch.py needs: a real sshd, rsync and Open MPI's mpirun
+SYSTEM_PACKAGES := openssh-server openssh-client rsync openmpi-bin
 HOROVOD_VERSION := 0.28.1
 HOROVOD_ENV := HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 \
                HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO MAKEFLAGS=-j2
@@ -24,7 +27,8 @@ help:
 	@echo "                 devices (about 2 hours; make reproduce-dssp, reproduce-8workers or"
 	@echo "                 reproduce-psp for one of them); make reproduce-virtual: virtual-time"
 	@echo "                 training beside real jobs of 2, 4 and 8 workers"
-	@echo "make setup   - only create .venv with pinned dependencies and horovod"
+	@echo "make setup   - only create .venv with pinned dependencies and horovod, and (as root, once)"
+	@echo "               apt-get install what the ssh/mpi launcher tests need: $(SYSTEM_PACKAGES)"
 
 $(STAMP): requirements.txt setup.cfg pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] >= (3, 10), "Python >= 3.10 needed"'
@@ -41,7 +45,31 @@ $(HVD): $(STAMP)
 	$(PY) -c "import horovod.mxnet"
 	touch $@
 
-setup: $(STAMP) $(HVD)
+# System packages for the ssh and mpi launcher tests, installed once when missing and possible
+# (root with apt-get); otherwise it says why and those tests are skipped, naming what is missing.
+$(SYSPKG): | $(STAMP)
+	@missing=""; \
+	for c in /usr/sbin/sshd:openssh-server /usr/bin/ssh:openssh-client /usr/bin/ssh-keygen:openssh-client \
+	         /usr/bin/rsync:rsync /usr/bin/mpirun:openmpi-bin; do \
+	    test -x $${c%%:*} || missing="$$missing $${c#*:}"; \
+	done; \
+	missing=$$(for m in $$missing; do echo " $$m"; done | sort -u | tr -d '\n'); \
+	if [ -z "$$missing" ]; then \
+	    echo "system packages: $(SYSTEM_PACKAGES) already installed"; \
+	elif [ "$$(id -u)" != 0 ]; then \
+	    echo "system packages: not root, not installing$$missing (the ssh/mpi launcher tests will be skipped;" \
+	         "as root: apt-get install$$missing)"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "system packages: no apt-get, not installing$$missing (the ssh/mpi launcher tests will be skipped)"; \
+	else \
+	    echo "system packages: installing$$missing"; \
+	    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; } \
+	        || echo "system packages: apt-get install$$missing failed (the ssh/mpi launcher tests will be skipped;" \
+	                "rm $@ to try again)"; \
+	fi
+	touch $@
+
+setup: $(STAMP) $(HVD) $(SYSPKG)
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)

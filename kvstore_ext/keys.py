@@ -23,3 +23,38 @@ def check_key(key):
     if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer, str)):
         raise TypeError(f"kvstore keys are int or str, got {key!r} ({type(key).__name__})")
     return int(key) if isinstance(key, np.integer) else key
+
+
+def refuse_sparse(store_type: str, key, arrays, what: str = "value") -> None:
+    """Refuse an array of sparse storage (row_sparse, csr) at once, naming key and store.
+
+    The stores keep and move dense arrays; a row_sparse array read densely would train
+    differently from MXNet's sparse path (its lazy updates touch only the rows present), so
+    it is an error, never a silent conversion."""
+    for a in as_list(arrays):
+        stype = getattr(a, "stype", "default")
+        if stype != "default":
+            from .errors import KVStoreError
+            raise KVStoreError(
+                f"{store_type}: key {key!r}: the {what} has {stype} storage; {store_type} "
+                f"supports dense (default storage) arrays only, not {stype} weights or "
+                f"gradients (use a dense parameter, or MXNet's dist_sync for sparse ones)")
+
+
+class DenseOnlyCalls:
+    """The KVStore calls of MXNet's own stores that kvstore_ext's stores refuse by design.
+
+    Without these, MXNet code that calls them would fail deep inside Gluon with an
+    AttributeError; here the error names the feature and the store at the call."""
+
+    def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
+        from .errors import KVStoreError
+        raise KVStoreError(f"{self.type}: row_sparse_pull (key {key!r}) is not supported: "
+                           f"{self.type} keeps dense arrays only (row_sparse weights are "
+                           f"supported by MXNet's dist_sync and dist_async)")
+
+    def set_gradient_compression(self, compression_params):
+        from .errors import KVStoreError
+        raise KVStoreError(f"{self.type}: gradient compression ({compression_params!r}) is not "
+                           f"supported; {self.type} sends gradients uncompressed (MXNet's "
+                           f"dist_sync supports 2-bit compression)")

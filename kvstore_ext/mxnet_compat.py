@@ -42,6 +42,7 @@ def install() -> None:
     def _init_kvstore(self):
         config = self._kvstore_params
         _refuse_delay_optimizer(self._optimizer, config["kvstore"])
+        _refuse_sparse_params(self._params, config["kvstore"])
         if not is_asynchronous(config["kvstore"]):
             return native(self)
         if config["update_on_kvstore"] is False:
@@ -56,6 +57,22 @@ def install() -> None:
 
     _init_kvstore._kvstore_ext = True
     gluon.Trainer._init_kvstore = _init_kvstore
+
+
+def _refuse_sparse_params(params, kvstore) -> None:
+    """kvstore_ext's stores keep dense arrays only: a parameter with row_sparse weights or
+    gradients is refused here, naming it, before any key is made (MXNet would otherwise
+    call ``row_sparse_pull`` or push sparse gradients, which the stores refuse one by one)."""
+    name = kvstore if isinstance(kvstore, str) else getattr(kvstore, "type", None)
+    if not isinstance(name, str) or name.lower() not in registry.names():
+        return
+    for p in params:
+        for what, stype in (("weight", p._stype), ("gradient", p._grad_stype)):
+            if stype != "default":
+                raise ValueError(
+                    f"{name}: parameter {p.name!r} has {stype} {what} storage; {name} supports "
+                    f"dense parameters only (stype='default', grad_stype='default'); use "
+                    f"MXNet's dist_sync or dist_async for sparse ones")
 
 
 def _refuse_delay_optimizer(optimizer, kvstore) -> None:

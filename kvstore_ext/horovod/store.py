@@ -33,7 +33,8 @@ from .. import jobenv, registry
 from ..errors import KVStoreError
 from ..engine import SimulatedLink, probe, run as run_in_engine, settled_view
 from .params import MKLDNN_ENV
-from ..keys import as_list as _as_list, check_key as _check_key, pairs as _pairs
+from ..keys import DenseOnlyCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
+from ..keys import refuse_sparse
 from ..metrics import WorkerMetrics, write_json
 from .overlap import OverlapMeter
 
@@ -105,7 +106,7 @@ class _Key:
         self.sim_s = 0.0
 
 
-class HorovodStore(KVStoreBase):
+class HorovodStore(DenseOnlyCalls, KVStoreBase):
     """What ``dist_dcs3gd`` and ``dist_ssgd`` share: keys, optimizer, metrics, job checks."""
 
     store_type = ""
@@ -187,6 +188,7 @@ class HorovodStore(KVStoreBase):
             self._init_key(_check_key(k), _as_list(v)[0])
 
     def _init_key(self, k, v, adopt=None) -> _Key:
+        refuse_sparse(self._type, k, v)
         known = self._keys.get(k)
         if known is not None:
             w = known.weight
@@ -220,7 +222,7 @@ class HorovodStore(KVStoreBase):
 
     def broadcast(self, key, value, out, priority=0):
         """Initialise from worker 0 and write the weights into ``out``."""
-        for (k, v), (_, o) in zip(_pairs(key, value), _pairs(key, out, "out")):
+        for (k, v), (_, o) in zip(_pairs(key, value), _pairs(key, out, "out array")):
             k, v, outs = _check_key(k), _as_list(v)[0], _as_list(o)
             adopt = outs[0] if outs and outs[0].context.device_type == "cpu" else None
             if adopt is not None and (tuple(adopt.shape), adopt.dtype) != (tuple(v.shape), v.dtype):
@@ -238,6 +240,7 @@ class HorovodStore(KVStoreBase):
     def _gradient(self, k, st, value):
         """The gradient summed over this worker's devices, checked against the key."""
         arrays = _as_list(value)
+        refuse_sparse(self._type, k, arrays, "pushed value")
         w = st.weight
         for a in arrays:
             if tuple(a.shape) != tuple(w.shape):
@@ -255,6 +258,7 @@ class HorovodStore(KVStoreBase):
 
     def _write_out(self, k, st, out) -> None:
         outs = _as_list(out) if out is not None else []
+        refuse_sparse(self._type, k, outs, "out array")
         self._check_out(k, st, outs)
         for o in outs:
             if o is not st.weight:
@@ -268,12 +272,13 @@ class HorovodStore(KVStoreBase):
         if self._updater is None:
             raise KVStoreError(f"{self._type} updates the weights itself: call set_optimizer first "
                                f"(gluon.Trainer does, with update_on_kvstore)")
-        outs = _pairs(key, out, "out") if out is not None else None
+        outs = _pairs(key, out, "out array") if out is not None else None
         for i, (k, v) in enumerate(_pairs(key, value)):
             k = _check_key(k)
             st = self._state(k)
             g = self._gradient(k, st, v)
             if outs is not None:    # shapes checked before anything starts
+                refuse_sparse(self._type, k, outs[i][1], "out array")
                 self._check_out(k, st, _as_list(outs[i][1]))
             step = st.step
             self._metrics.count_pushes([k])
@@ -298,7 +303,7 @@ class HorovodStore(KVStoreBase):
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         if out is None:
             raise ValueError("pull needs out=")
-        for k, o in _pairs(key, out, "out"):
+        for k, o in _pairs(key, out, "out array"):
             k = _check_key(k)
             self._write_out(k, self._state(k), o)
 
@@ -353,6 +358,7 @@ class HorovodStore(KVStoreBase):
         if self.num_workers > 1:
             self._hvd.allreduce(mx.nd.zeros((1,)), name="kvx.barrier").wait_to_read()
 
+    _barrier = barrier   # MXNet's KVStore name for it (kv._barrier() in MXNet's scripts)
     def stats(self) -> dict:
         """This worker's metrics: iterations, exposed allreduce wait, overlap achieved."""
         mx.nd.waitall()   # every probe has run

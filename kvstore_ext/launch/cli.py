@@ -28,15 +28,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-s", "--num-servers", type=int,
                    help="number of server processes (default: the number of workers, as MXNet)")
     p.add_argument("-H", "--hostfile", type=str,
-                   help="file with one host per line (host or host:ssh_port); workers and servers "
-                        "are placed on them round-robin (ssh and mpi launchers)")
+                   help="file with one host per line (host or host:ssh_port); the servers, then "
+                        "the workers, are placed on them round-robin as by MXNet's launcher: with "
+                        "-s 1 -n 2 on two hosts, server 0 and worker 1 on the first, worker 0 on "
+                        "the second (ssh and mpi launchers)")
     p.add_argument("--launcher", choices=["local", "ssh", "mpi", "horovod"],
                    help="how to start the processes: 'local' on this machine, 'ssh' on the hosts "
-                        "of --hostfile, 'mpi' with mpirun, 'horovod' workers only for dist_dcs3gd / "
-                        "dist_ssgd (Gloo; horovodrun with a hostfile) (default: ssh with a "
-                        "hostfile, else local)")
+                        "of --hostfile (the job's secret goes on ssh's input, never on a command "
+                        "line), 'mpi' with Open MPI's mpirun, one per process (variables forwarded "
+                        "by name, -x NAME), 'horovod' workers only for dist_dcs3gd / dist_ssgd "
+                        "(Gloo; horovodrun with a hostfile) (default: ssh with a hostfile, else "
+                        "local). With ssh and mpi every host needs this launcher's Python at the "
+                        "same path (it runs the servers, and a guard that stops each node when "
+                        "the launcher goes away)")
     p.add_argument("--sync-dst-dir", type=str,
-                   help="(ssh) rsync the current directory to this directory on every host first")
+                   help="(ssh) rsync the current directory to this directory on every host that "
+                        "runs a node first (it is created if missing; nothing is deleted); the "
+                        "nodes then run there, as with MXNet's launcher")
     p.add_argument("--env-server", action="append", default=[],
                    help="NAME:VALUE (or NAME to forward this shell's value) for servers only; repeatable")
     p.add_argument("--env-worker", action="append", default=[],

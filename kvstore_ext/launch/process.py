@@ -18,6 +18,57 @@ from .. import jobenv
 
 PR_SET_PDEATHSIG = 1
 
+#: What a node started by ssh or mpirun runs under (``python -c REMOTE_GUARD MODE COMMAND...``,
+#: see :func:`guarded`).  Without it a node can outlive its launcher: sshd sends a command
+#: without a terminal no signal when its client goes away, and a process that mpirun started
+#: on its own host lives on when mpirun is killed.  It starts the node in a process group of
+#: its own, with no input, and stops that group (SIGTERM, then SIGKILL 3 s later) when the
+#: process that started it (sshd's session, mpirun) dies, when it gets SIGTERM, SIGHUP or
+#: SIGINT, and in MODE ``watch-input`` when its own standard input ends (over ssh: the launcher
+#: closed it at the end of the job, or died, or the connection dropped).  Its status is the
+#: node's (128 + N after signal N, as a shell's).  Standard library only: ``import kvstore_ext``
+#: or ``mxnet`` here could turn it into a node itself.
+REMOTE_GUARD = """\
+import ctypes, os, signal, subprocess, sys, threading
+node = None
+def signal_group(sig):
+    if node is None:   # stopped before the node started
+        os._exit(128 + sig)
+    try:
+        os.killpg(node.pid, sig)
+    except OSError:
+        pass
+def stop(*_):
+    signal_group(signal.SIGTERM)
+    timer = threading.Timer(3.0, signal_group, (signal.SIGKILL,))
+    timer.daemon = True
+    timer.start()
+def watch_input():
+    while os.read(0, 4096):
+        pass
+    stop()
+for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    signal.signal(s, stop)
+try:
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the parent dies
+except (OSError, AttributeError):
+    pass
+node = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, start_new_session=True)
+if sys.argv[1] == "watch-input":
+    threading.Thread(target=watch_input, daemon=True).start()
+code = node.wait()
+signal_group(signal.SIGKILL)
+sys.exit(128 - code if code < 0 else code)
+"""
+
+
+def guarded(argv: list[str], watch_input: bool, python: str = sys.executable,
+            shown: bool = False) -> list[str]:
+    """``argv`` under :data:`REMOTE_GUARD` (``shown``: with a placeholder for its code, for
+    --dry-run)."""
+    code = "<process.REMOTE_GUARD>" if shown else REMOTE_GUARD
+    return [python, "-c", code, "watch-input" if watch_input else "parent-only", *argv]
+
 
 def _die_with_parent() -> None:
     """Run in the child before exec: it gets SIGKILL if the launcher dies."""
@@ -32,15 +83,23 @@ class Node:
 
     def __init__(self, name: str, argv: list[str], env: dict, host: str | None = None,
                  stdin: bytes | None = None):
+        """``stdin``: written to the process, whose standard input then stays open until the
+        job ends (a node under :data:`REMOTE_GUARD` over ssh stops when it closes)."""
         self.name, self.argv, self.env, self.host, self.stdin = name, argv, env, host, stdin
+        self.shown_argv: list[str] | None = None   # what --dry-run prints instead of argv
         self.proc: subprocess.Popen | None = None
         self.reported = False
+
+    @property
+    def label(self) -> str:
+        """Its name and, for a node on another host, the host: for messages."""
+        return f"{self.name} on {self.host}" if self.host else self.name
 
     def describe(self, prefixes: tuple[str, ...]) -> str:
         """Its command and the variables of the job it gets (the secret hidden), for --dry-run."""
         shown = {k: ("<secret>" if k == jobenv.SECRET else v) for k, v in self.env.items()
                  if k.startswith(prefixes)}
-        return (f"{self.name}: {shlex.join(self.argv)}\n"
+        return (f"{self.name}: {shlex.join(self.shown_argv or self.argv)}\n"
                 f"    env: {' '.join(f'{k}={v}' for k, v in sorted(shown.items()))}")
 
     @property
@@ -50,10 +109,20 @@ class Node:
     def start(self, stdout=None) -> None:
         self.proc = subprocess.Popen(self.argv, env=self.env, start_new_session=True,
                                      preexec_fn=_die_with_parent, stdout=stdout,
-                                     stdin=subprocess.PIPE if self.stdin else None)
+                                     stdin=subprocess.PIPE if self.stdin is not None else None)
         if self.stdin:
-            self.proc.stdin.write(self.stdin)
-            self.proc.stdin.close()
+            try:
+                self.proc.stdin.write(self.stdin)
+                self.proc.stdin.flush()
+            except BrokenPipeError:   # it exited at once: its status tells why
+                self.close_stdin()
+
+    def close_stdin(self) -> None:
+        if self.proc and self.proc.stdin and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
 
     def signal(self, sig) -> None:
         if self.proc and self.proc.poll() is None:
@@ -61,6 +130,15 @@ class Node:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 pass
+
+
+#: seconds the supervisor waits, after a node fails, for the failures that follow from it
+CAUSE_GRACE = 2.0
+
+
+def _status(code: int) -> int:
+    """A process's return code as an exit status (128 + N after signal N, as a shell's)."""
+    return code if code > 0 else 128 - code
 
 
 class Supervisor:
@@ -114,13 +192,13 @@ class Supervisor:
                     continue
                 node.reported = True
                 elastic = node.is_worker and self.elastic
-                print(f"launch.py: {node.name} exited with status {code}"
-                      + ("; the others continue (--on-worker-death continue)" if elastic
-                         else "; stopping the job"), file=sys.stderr, flush=True)
-                if failure is None:
-                    failure = code if code > 0 else 128 - code
                 if not elastic:
-                    return failure
+                    _cause, code = self.cause_of_failure(node, code)
+                    return failure if failure is not None else _status(code)
+                print(f"launch.py: {node.label} exited with status {code}; the others "
+                      "continue (--on-worker-death continue)", file=sys.stderr, flush=True)
+                if failure is None:
+                    failure = _status(code)
             if all(n.proc.poll() is not None for n in workers):
                 # workers are done: give servers and the scheduler a moment to close cleanly
                 grace = time.monotonic() + 10
@@ -133,9 +211,37 @@ class Supervisor:
                 return 124
             time.sleep(0.05)
 
+    def cause_of_failure(self, first: Node, code: int) -> tuple[Node, int]:
+        """The failure that stops the job, named.  One node's death makes others fail too
+        (the scheduler stops the job), and over ssh or mpirun the dead node's own status may
+        arrive after theirs: wait up to :data:`CAUSE_GRACE` s for the others to end, then name
+        the likeliest cause: the first node ended by a signal (a crash, a kill; 128 + N from
+        ssh or mpirun), else the first one that failed other than the scheduler."""
+        failed = [(first, code)]
+        end = time.monotonic() + CAUSE_GRACE
+        while time.monotonic() < end:
+            for node in self.nodes:
+                c = node.proc.poll()
+                if c not in (None, 0) and not node.reported:
+                    node.reported = True
+                    failed.append((node, c))
+            if all(node.proc.poll() is not None for node in self.nodes):
+                break
+            time.sleep(0.05)
+        cause = (next((f for f in failed if f[1] < 0 or f[1] > 128), None) or
+                 next((f for f in failed if f[0].name != "scheduler"), failed[0]))
+        print(f"launch.py: {cause[0].label} exited with status {cause[1]}; stopping the job",
+              file=sys.stderr, flush=True)
+        others = [f"{n.label} ({c})" for n, c in failed if n is not cause[0]]
+        if others:
+            print(f"launch.py: also failed (status): {', '.join(others)}", file=sys.stderr,
+                  flush=True)
+        return cause
+
     def teardown(self) -> None:
         everyone = [n for n in self.nodes if n.proc]
         for n in everyone:
+            n.close_stdin()   # a remote node's guard stops it (and its ssh ends) on end of input
             n.signal(signal.SIGTERM)
         end = time.monotonic() + 3
         while time.monotonic() < end and any(n.proc.poll() is None for n in everyone):

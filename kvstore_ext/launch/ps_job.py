@@ -15,7 +15,17 @@ from .. import jobenv
 from ..ps import faults
 from .hosts import address_towards, free_port, read_hostfile
 from .options import parse_env_pairs, store_env, straggler_env, worker_command
-from .process import Node, Supervisor
+from .process import Node, Supervisor, guarded
+
+#: variables a node on another host gets from this machine's environment, besides the job's
+#: own and those named by --env, --env-server and --env-worker
+FORWARDED_PREFIXES = ("KVX_", "DMLC_", "MXNET_", "OMP_")
+
+
+def ssh_argv(port: int | None) -> list[str]:
+    """``ssh`` with the options of every connection the launcher makes (nodes and rsync)."""
+    argv = ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes"]
+    return argv + ["-p", str(port)] if port else argv
 
 
 class Job:
@@ -36,6 +46,9 @@ class Job:
         self.launcher = args.launcher or ("ssh" if args.hostfile else "local")
         if self.launcher != "local" and not args.hostfile:
             raise SystemExit(f"launch.py: --launcher {self.launcher} needs -H HOSTFILE")
+        if args.sync_dst_dir and self.launcher != "ssh":
+            raise SystemExit("launch.py: --sync-dst-dir copies the working directory to the hosts "
+                             "over ssh: it needs --launcher ssh (as MXNet's)")
         self.hosts = read_hostfile(args.hostfile) if args.hostfile else [("127.0.0.1", None)]
         if args.scheduler_host:
             self.sched_host = args.scheduler_host
@@ -94,54 +107,109 @@ class Job:
         return env
 
     def plan(self, sched_port: int) -> list[Node]:
-        """Servers then workers, placed round-robin on the hosts."""
+        """Servers then workers, placed round-robin on the hosts as MXNet's launcher does:
+        node k of them all (the servers first) on host k modulo the number of hosts."""
         a = self.args
-        nodes = []
         if a.backend == "mxnet":
             server_argv = [sys.executable, "-c", "import mxnet"]
         else:
             server_argv = [sys.executable, "-m", "kvstore_ext.ps.server"]
-        for j in range(self.num_servers):
-            env = self.base_env("server")
-            nodes.append(self.place(f"server {j}", server_argv, env, self.hosts[j % len(self.hosts)]))
-        for i in range(a.num_workers):
-            env = self.base_env("worker")
-            env.update(self.straggler_env)
+        roles = [("server", f"server {j}", server_argv, {}) for j in range(self.num_servers)]
+        roles += [("worker", f"worker {i}", list(self.command),
+                   {**self.straggler_env,
+                    **({jobenv.WORKER_RANK: str(i)} if a.backend != "mxnet" else {})})
+                  for i in range(a.num_workers)]
+        nodes = []
+        for k, (role, name, argv, extra) in enumerate(roles):
+            env = self.base_env(role)
+            env.update(extra)
+            host = self.hosts[k % len(self.hosts)]
             if a.backend != "mxnet":
-                env[jobenv.WORKER_RANK] = str(i)
-            nodes.append(self.place(f"worker {i}", list(self.command), env,
-                                    self.hosts[i % len(self.hosts)]))
-        for node in nodes:
-            if a.backend != "mxnet":
-                node.env[jobenv.SCHEDULER_PORT] = str(sched_port)
-                if self.launcher == "local":
-                    node.env[jobenv.NODE_HOST] = "127.0.0.1"
+                # every variable is set before place(): a remote node gets them on its
+                # command line (ssh) or by name (mpirun -x)
+                env[jobenv.SCHEDULER_PORT] = str(sched_port)
+                env[jobenv.NODE_HOST] = "127.0.0.1" if self.launcher == "local" else host[0]
+            nodes.append(self.place(name, role, argv, env, host))
         return nodes
 
-    def place(self, name, argv, env, host) -> Node:
+    def forwarded(self, role: str, env: dict) -> list[str]:
+        """The names of the variables a node on another host gets."""
+        a = self.args
+        named = set(parse_env_pairs(a.env))
+        named |= set(parse_env_pairs(a.env_server if role == "server" else
+                                     a.env_worker if role == "worker" else []))
+        return sorted(k for k in env if k.startswith(FORWARDED_PREFIXES) or k in named)
+
+    def place(self, name, role, argv, env, host) -> Node:
         if self.launcher == "local":
             return Node(name, argv, env)
         hostname, port = host
         if self.launcher == "ssh":
-            if self.args.backend != "mxnet":
-                env[jobenv.NODE_HOST] = hostname
+            # the job's secret is read from ssh's input, never put on a command line; the
+            # guard (process.REMOTE_GUARD) stops the node when that input ends
             wd = self.args.sync_dst_dir or os.getcwd()
-            exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())
-                               if k.startswith(("KVX_", "DMLC_", "MXNET_", "OMP_")) or
-                               k in parse_env_pairs(self.args.env))
-            remote = (f"read -r {jobenv.SECRET}; export {jobenv.SECRET}; cd {shlex.quote(wd)} && "
-                      f"env {exports} {shlex.join(argv)}")
-            ssh = ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes"]
-            if port:
-                ssh += ["-p", str(port)]
-            return Node(name, ssh + [hostname, remote], dict(os.environ), host=hostname,
-                        stdin=(self.secret + "\n").encode())
-        # mpi: one mpirun per process, so each gets its own role and rank
-        exported = sorted(k for k in env if k.startswith(("KVX_", "DMLC_", "MXNET_", "OMP_")))
+            command = ["env", *(f"{k}={env[k]}" for k in self.forwarded(role, env)), *argv]
+
+            def remote(shown: bool) -> str:
+                return (f"read -r {jobenv.SECRET}; export {jobenv.SECRET}; "
+                        f"cd {shlex.quote(wd)} && exec "
+                        f"{shlex.join(guarded(command, watch_input=True, shown=shown))}")
+
+            node = Node(name, ssh_argv(port) + [hostname, remote(False)], dict(os.environ),
+                        host=hostname, stdin=(self.secret + "\n").encode())
+            node.shown_argv = ssh_argv(port) + [hostname, remote(True)]
+            return node
+        # mpi: one mpirun per process, so each gets its own role and rank; the variables go
+        # by name (-x NAME), their values (the secret among them) in mpirun's environment.
+        # --bind-to none: Open MPI binds a job of one or two processes to a core, the same
+        # first core for every one of these separate mpiruns.  --stdin none: this terminal's
+        # input is not the node's
         mpirun = ["mpirun", "--allow-run-as-root", "-n", "1", "-H", hostname]
-        for k in exported:
+        for k in self.forwarded(role, env):
             mpirun += ["-x", k]
-        return Node(name, mpirun + argv, env, host=hostname)
+        mpirun += ["--bind-to", "none", "--stdin", "none"]
+        if os.geteuid() == 0:   # Open MPI refuses root without both of these (or the option)
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        node = Node(name, mpirun + guarded(argv, watch_input=False), env, host=hostname)
+        node.shown_argv = mpirun + guarded(argv, watch_input=False, shown=True)
+        return node
+
+    def sync_working_dir(self, dry_run: bool = False) -> None:
+        """``--sync-dst-dir``, as MXNet's launcher: rsync this directory to that one on every
+        host that runs a node (all at once), before anything starts; nodes then run there."""
+        src, dst = os.getcwd().rstrip("/") + "/", self.args.sync_dst_dir
+        used = self.hosts[:self.num_servers + self.args.num_workers]
+        copies = []
+        for hostname, port in dict.fromkeys(used):
+            argv = ["rsync", "-az", "--rsh", shlex.join(ssh_argv(port)),
+                    "--rsync-path", f"mkdir -p {shlex.quote(dst)} && rsync", src,
+                    f"{hostname}:{dst}"]
+            if dry_run:
+                print(f"rsync {src} -> {hostname}:{dst}: {shlex.join(argv)}")
+            else:
+                print(f"launch.py: rsync {src} -> {hostname}:{dst}", file=sys.stderr, flush=True)
+                try:
+                    copies.append((hostname, subprocess.Popen(argv, stdin=subprocess.DEVNULL)))
+                except FileNotFoundError:
+                    raise SystemExit("launch.py: --sync-dst-dir needs rsync (Debian: apt-get "
+                                     "install rsync), here and on every host") from None
+        failed = [(h, p.wait()) for h, p in copies]
+        failed = [f"{h} (status {code})" for h, code in failed if code != 0]
+        if failed:
+            raise SystemExit(f"launch.py: --sync-dst-dir: rsync to {', '.join(failed)} failed")
+
+    def check_mpirun(self) -> None:
+        """The mpi launcher speaks Open MPI's mpirun (-x NAME, --allow-run-as-root)."""
+        try:
+            out = subprocess.run(["mpirun", "--version"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                                 timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SystemExit(f"launch.py: --launcher mpi needs Open MPI's mpirun ({exc}; Debian: "
+                             "apt-get install openmpi-bin)") from None
+        if "Open MPI" not in out and "OpenRTE" not in out:
+            raise SystemExit("launch.py: --launcher mpi needs Open MPI's mpirun; this mpirun "
+                             f"says {out.strip()[:200]!r}")
 
     # -- running ------------------------------------------------------------------------------
     def start_scheduler(self) -> int:
@@ -151,18 +219,23 @@ class Job:
                                        self.base_env("scheduler")))
             return self.native_port
         env = self.base_env("scheduler")
+        env[jobenv.SECRET] = self.secret   # this machine's process: in its environment
         node = self.supervisor.spawn(
             Node("scheduler", [sys.executable, "-m", "kvstore_ext.ps.scheduler", "--host",
                                self.sched_host, "--port", str(self.args.scheduler_port)], env),
             stdout=subprocess.PIPE)
         line = node.proc.stdout.readline().decode().strip()
         if not line.startswith(f"{jobenv.SCHEDULER_PORT}="):
-            raise RuntimeError(f"the scheduler did not start (it printed {line!r})")
+            raise SystemExit(f"launch.py: the scheduler did not start (it printed {line!r})")
         return int(line.split("=", 1)[1])
 
     def start(self) -> None:
         if getattr(self.args, "join", None):
             return self.start_joining()
+        if self.launcher == "mpi":
+            self.check_mpirun()
+        if self.args.sync_dst_dir:
+            self.sync_working_dir()
         sched_port = self.start_scheduler()
         nodes = self.plan(sched_port)
         if getattr(self.args, "job_file", None):
@@ -204,6 +277,8 @@ class Job:
     def dry_run(self) -> None:
         self.native_port = self.args.scheduler_port or 9091
         sched_port = self.args.scheduler_port or 9091
+        if self.args.sync_dst_dir:
+            self.sync_working_dir(dry_run=True)
         print(f"scheduler on {self.sched_host}:{sched_port} (this machine)")
         for node in self.plan(sched_port):
             print(node.describe(("KVX_", "DMLC_")))

@@ -25,7 +25,8 @@ from .. import engine
 from .batching import Coalescer
 from .link import Connection
 from ..errors import KVStoreError
-from ..keys import as_list as _as_list, check_key as _check_key, pairs as _pairs
+from ..keys import DenseOnlyCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
+from ..keys import refuse_sparse
 from ..metrics import WorkerMetrics, write_json
 from .partition import Partitioner
 from ..policies.psp import HeldVersions, PartialPull, resolve_min_pushes
@@ -47,7 +48,7 @@ def _shared_connection(store: registry.StoreConfig) -> Connection:
     return _connection
 
 
-class ParameterServerStore(KVStoreBase):
+class ParameterServerStore(DenseOnlyCalls, KVStoreBase):
     """Worker side shared by the parameter-server stores (``dist_bsp``, ``dist_ssp``, ...)."""
 
     store_type = ""
@@ -113,6 +114,7 @@ class ParameterServerStore(KVStoreBase):
         send_values = self.rank == 0
         for k, v in _pairs(key, value):
             k = _check_key(k)
+            refuse_sparse(self.type, k, v)
             kind = str if isinstance(k, str) else int
             if self._key_type is None:
                 self._key_type = kind
@@ -175,6 +177,10 @@ class ParameterServerStore(KVStoreBase):
         value of the last key in that order.
         """
         self._raise_deferred()
+        for k, v in pairs:
+            refuse_sparse(self.type, k, v, "pushed value")
+        for k, o in outs or ():
+            refuse_sparse(self.type, k, o, "out array")
         if op != Op.PULL and getattr(self, "asynchronous", False) and self._updater is None:
             # the servers would keep the summed gradients as the weights, and every worker
             # would pull a different mixture: MXNet's async server aborts here instead
@@ -409,6 +415,7 @@ class ParameterServerStore(KVStoreBase):
         self._settle()
         self._conn.scheduler_call({"op": Op.BARRIER})
 
+    _barrier = barrier   # MXNet's KVStore name for it (kv._barrier() in MXNet's scripts)
     def stats(self) -> dict:
         """This worker's metrics and every server's, read live."""
         self._settle()

@@ -37,8 +37,9 @@ from kvstore_ext.experiments import (ConfigError, histogram_mean, load_experimen
 from kvstore_ext.launch import run_local_job
 from kvstore_ext.policies.psp import resolve_min_pushes
 from kvstore_ext.reports import plot_accuracy, write_results
-from kvstore_ext.virtual_training import (cluster_kinds, iterations_text, plot_staleness,
-                                          plot_time_to_target, run_virtual)
+from kvstore_ext.virtual_training import (agreement_columns, agreement_rows, cluster_kinds,
+                                          iterations_text, plot_staleness, plot_time_to_target,
+                                          run_virtual)
 from gluon_trainers.straggler import read_device_logs, round_overhead, warm_up
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -369,7 +370,14 @@ def main(argv=None) -> int:
                 figures.append(path)
     print()
     print(table)
-    print(f"\nresults in {os.path.abspath(out)}: results.md, results.csv, runs.json, "
+    written = ["results.md", "results.csv", "runs.json"]
+    agreement = agreement_rows(runs, exp)
+    if agreement:   # a virtual cluster beside a real one on the same devices
+        target = exp.targets[0] if exp.targets else None
+        print(f"\nvirtual time against real jobs (medians of the seeds and of the trials):\n"
+              + write_results(out, "agreement", agreement, agreement_columns(target)))
+        written += ["agreement.md", "agreement.csv"]
+    print(f"\nresults in {os.path.abspath(out)}: " + ", ".join(written) + ", "
           + ", ".join(os.path.basename(f) for f in figures))
     return 0
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import registry
-from .experiments import histogram_mean, median_of
+from .experiments import histogram_mean, median_of, time_to_accuracy
 from .ps.partition import Partitioner
 from .reports import new_figure, save_figure
 
@@ -459,3 +459,103 @@ def iterations_text(iterations) -> str:
         return "/".join(str(i) for i in iterations)
     return (f"{min(iterations)}..{max(iterations)} "
             f"(mean {sum(iterations) / len(iterations):.1f})")
+
+
+# -- virtual time against real jobs -------------------------------------------------------------
+
+#: how close a virtual cluster must come to a real one on the same devices (medians over seeds
+#: against medians over trials): relative for iterations, staleness and time, points for accuracy
+AGREEMENT = {"iterations": 0.05, "staleness": 0.10, "accuracy_points": 1.5, "time": 0.15}
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return float(np.median(values)) if values else None
+
+
+def _relative(virtual, real, floor: float = 0.0):
+    """``virtual / real - 1``; with ``real`` at or below ``floor``, 0 when both are (BSP's
+    staleness), else None (no ratio to take)."""
+    if virtual is None or real is None:
+        return None
+    if real <= floor:
+        return 0.0 if virtual <= floor else None
+    return virtual / real - 1
+
+
+def agreement_pairs(exp) -> list[tuple[str, str]]:
+    """(real cluster, virtual cluster) pairs of ``exp`` on the same devices, patterns, seed and
+    number of workers."""
+    same = ("device", "patterns", "speed_seed", "device_model", "device_batch")
+    pairs = []
+    for virtual in exp.clusters:
+        if not exp.is_virtual(virtual):
+            continue
+        v = exp.cluster_options[virtual]
+        for real in exp.clusters:
+            r = exp.cluster_options.get(real, {})
+            if (not exp.is_virtual(real) and exp.uses_devices(real)
+                    and all(r.get(k) == v.get(k) for k in same)
+                    and exp.workers_of(real) == exp.workers_of(virtual)):
+                pairs.append((real, virtual))
+    return pairs
+
+
+def agreement_rows(runs: list[dict], exp) -> list[dict]:
+    """Per paradigm, each virtual cluster against its real one (:func:`agreement_pairs`):
+    medians of the mean iterations per worker, of the mean staleness, of the final accuracy and
+    of the time to the first target, their differences and whether each is within
+    :data:`AGREEMENT`."""
+    target = exp.targets[0] if exp.targets else None
+    rows = []
+    for real, virtual in agreement_pairs(exp):
+        for paradigm in exp.paradigms:
+            groups = [[r for r in runs if r["cluster"] == c and r["paradigm"] == paradigm.name]
+                      for c in (real, virtual)]
+            if not all(groups):
+                continue
+            row = {"real": real, "virtual": virtual, "pair": f"{real} / {virtual}",
+                   "paradigm": paradigm.name, "runs": f"{len(groups[0])}/{len(groups[1])}"}
+            measures = {
+                "iterations": lambda r: float(np.mean(r["iterations"])),
+                "staleness": lambda r: r.get("staleness_mean"),
+                "accuracy": lambda r: r["final_accuracy"],
+                "time": lambda r: time_to_accuracy(r["curve"], target) if target else None}
+            for name, of in measures.items():
+                row[f"{name}_real"], row[f"{name}_virtual"] = (_median([of(r) for r in g])
+                                                               for g in groups)
+            row["iterations_diff"] = _relative(row["iterations_virtual"], row["iterations_real"])
+            row["staleness_diff"] = _relative(row["staleness_virtual"], row["staleness_real"],
+                                              floor=0.05)
+            row["time_diff"] = _relative(row["time_virtual"], row["time_real"])
+            row["accuracy_diff_points"] = 100 * (row["accuracy_virtual"] - row["accuracy_real"])
+            reached = [row["time_real"] is not None, row["time_virtual"] is not None]
+            row["agrees"] = {
+                "iterations": row["iterations_diff"] is not None
+                and abs(row["iterations_diff"]) <= AGREEMENT["iterations"],
+                "staleness": row["staleness_diff"] is not None
+                and abs(row["staleness_diff"]) <= AGREEMENT["staleness"],
+                "accuracy": abs(row["accuracy_diff_points"]) <= AGREEMENT["accuracy_points"],
+                # neither reaching the target agrees too; one of them only does not
+                "time": (row["time_diff"] is not None
+                         and abs(row["time_diff"]) <= AGREEMENT["time"]) or not any(reached)}
+            row["within"] = ", ".join(k for k, ok in row["agrees"].items() if ok) or "-"
+            row["outside"] = ", ".join(k for k, ok in row["agrees"].items() if not ok) or "-"
+            rows.append(row)
+    return rows
+
+
+def agreement_columns(target) -> list[tuple[str, str, str]]:
+    pct = "{:+.1%}"
+    return [("paradigm", "paradigm", "{}"), ("clusters", "pair", "{}"),
+            ("runs", "runs", "{}"),
+            ("iterations/worker real", "iterations_real", "{:.1f}"),
+            ("virtual", "iterations_virtual", "{:.1f}"), ("diff (≤5%)", "iterations_diff", pct),
+            ("staleness real", "staleness_real", "{:.2f}"),
+            ("virtual", "staleness_virtual", "{:.2f}"), ("diff (≤10%)", "staleness_diff", pct),
+            ("final acc real", "accuracy_real", "{:.3f}"),
+            ("virtual", "accuracy_virtual", "{:.3f}"),
+            ("diff, points (≤1.5)", "accuracy_diff_points", "{:+.1f}"),
+            (f"time to {target} real (s)", "time_real", "{:.1f}"),
+            ("virtual", "time_virtual", "{:.1f}"), ("diff (≤15%)", "time_diff", pct),
+            ("outside the bounds", "outside", "{}")]

@@ -86,6 +86,7 @@ class Node:
         """``stdin``: written to the process, whose standard input then stays open until the
         job ends (a node under :data:`REMOTE_GUARD` over ssh stops when it closes)."""
         self.name, self.argv, self.env, self.host, self.stdin = name, argv, env, host, stdin
+        self.job_env = env   # the job's variables it gets (over ssh: on its command line)
         self.shown_argv: list[str] | None = None   # what --dry-run prints instead of argv
         self.proc: subprocess.Popen | None = None
         self.reported = False

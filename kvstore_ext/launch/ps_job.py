@@ -157,6 +157,7 @@ class Job:
 
             node = Node(name, ssh_argv(port) + [hostname, remote(False)], dict(os.environ),
                         host=hostname, stdin=(self.secret + "\n").encode())
+            node.job_env = {**env, jobenv.SECRET: self.secret}
             node.shown_argv = ssh_argv(port) + [hostname, remote(True)]
             return node
         # mpi: one mpirun per process, so each gets its own role and rank; the variables go
@@ -239,7 +240,7 @@ class Job:
         sched_port = self.start_scheduler()
         nodes = self.plan(sched_port)
         if getattr(self.args, "job_file", None):
-            self.write_job_file(next(n for n in nodes if n.is_worker).env)
+            self.write_job_file(next(n for n in nodes if n.is_worker).job_env)
         for node in nodes:
             self.supervisor.spawn(node)
 

@@ -7,6 +7,8 @@ that the job's secret is on no command line; and afterwards that no process of t
 left.  What is missing (sshd, rsync, mpirun) skips a test with the reason and how to install
 it (``make setup`` installs everything as root).
 """
+import glob
+import json
 import os
 import re
 import signal
@@ -297,6 +299,32 @@ def test_ssh_sync_dst_dir_copies_the_working_directory_to_every_host_and_runs_th
     assert len(server) == 1 and server[0].ssh_host == HOSTS[0]
     job.check_secret_on_no_command_line()
     assert wait_until(lambda: not job.leftovers(), 10), job.leftovers()
+
+
+def test_ssh_job_file_lets_a_local_worker_join(sshd, launch, tmp_path):
+    """``--job-file`` on an ssh job: the file must hold the job's variables and secret (the
+    nodes get them on their ssh command line and stdin, not in the launcher's environment), so
+    that a worker started here with ``--join`` enters the job and its pushes count."""
+    hostfile = sshd.hostfile(tmp_path / "hosts")
+    job_file = str(tmp_path / "job.json")
+    script = os.path.join(JOBS, "join.py")
+    job = launch(["-n", "2", "-s", "1", "-H", hostfile, "--launcher", "ssh", "--timeout", "100",
+                  "--job-file", job_file], [PY, script, "--dir", str(tmp_path), "--kvstore",
+                                            "dist_asp"], env=sshd.env())
+    def ready():
+        job.sample()    # the nodes, for the secret they got
+        return os.path.exists(tmp_path / "ready") or job.proc.poll() is not None
+    assert wait_until(ready, 60, step=0.2), job.output()[-3000:]
+    assert job.proc.poll() is None, job.output()[-3000:]
+    with open(job_file) as f:
+        env = json.load(f)["env"]
+    assert env.get(SECRET) == job.secret() and "KVX_SCHEDULER_PORT" in env, sorted(env)
+    joiner = launch(["-n", "1", "--join", job_file, "--timeout", "100"],
+                    [PY, script, "--dir", str(tmp_path), "--kvstore", "dist_asp", "--joiner"])
+    assert joiner.wait(100) == 0, joiner.output()[-3000:]
+    assert job.wait(100) == 0, job.output()[-3000:]
+    pushes = [read_json(p) for p in sorted(glob.glob(str(tmp_path / "pushes-*.json")))]
+    assert sorted(p["rank"] for p in pushes) == [0, 1, 2], pushes      # a fresh rank
 
 
 SYNCED_JOB = '''\

@@ -9,6 +9,8 @@ their iterations).
 """
 from __future__ import annotations
 
+import os
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -19,6 +21,8 @@ from gluon_trainers.models import lenet
 from kvstore_ext import registry
 from kvstore_ext.devices import DeviceClock
 from kvstore_ext.simulate import simulate
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 from kvstore_ext.virtual_training import VirtualTraining
 
 BATCH = 16
@@ -196,3 +200,38 @@ def test_a_delay_aware_optimizer_gets_each_pushs_delay_as_the_servers_give_it(di
     keys = len(vt.params)
     assert {d: n // keys for d, n in optimizer.optimizer.delays.items()} == dict(vt.log.staleness)
     assert max(vt.log.staleness) >= 3
+
+
+def test_agreement_rows_compare_medians_against_the_bounds():
+    """Virtual against real on the same devices: medians over runs, each bound of the issue."""
+    from kvstore_ext.experiments import load_experiment
+    from kvstore_ext.virtual_training import agreement_pairs, agreement_rows
+    exp = load_experiment(os.path.join(ROOT, "configs", "virtual", "agreement_n4.yaml"))
+    assert agreement_pairs(exp) == [("real", "virtual")]
+
+    def run(cluster, paradigm, iterations, staleness, accuracy, reach_at):
+        curve = [{"time_s": t, "test_accuracy": a} for t, a in
+                 [(reach_at / 2, 0.5), (reach_at, 0.92), (40.0, accuracy)]]
+        return {"cluster": cluster, "paradigm": paradigm, "iterations": iterations,
+                "staleness_mean": staleness, "final_accuracy": accuracy, "curve": curve}
+    runs = [run("real", "ASP", [100, 120], 2.0, 0.95, 10.0),
+            run("real", "ASP", [200, 220], 2.2, 0.96, 12.0),     # the median of three:
+            run("real", "ASP", [104, 124], 2.1, 0.97, 11.0),     # 114, 2.1, 0.96, 11 s
+            run("virtual", "ASP", [118, 120], 2.5, 0.955, 11.5),  # +4.4%, +19%, -0.5, +4.5%
+            run("virtual", "BSP", [50, 50], 0.0, 0.9, 30.0),      # no real BSP: no row
+            run("real", "SSP s=3", [100, 100], 0.0, 0.9, 20.0),
+            run("virtual", "SSP s=3", [110, 110], 0.02, 0.93, 20.0)]
+    rows = {r["paradigm"]: r for r in agreement_rows(runs, exp)}
+    assert set(rows) == {"ASP", "SSP s=3"}
+    asp = rows["ASP"]
+    assert asp["iterations_real"] == 114.0 and asp["iterations_virtual"] == 119.0
+    assert asp["iterations_diff"] == pytest.approx(119 / 114 - 1)
+    assert asp["staleness_diff"] == pytest.approx(2.5 / 2.1 - 1)
+    assert asp["accuracy_diff_points"] == pytest.approx(-0.5)
+    assert asp["time_diff"] == pytest.approx(11.5 / 11 - 1)
+    assert asp["agrees"] == {"iterations": True, "staleness": False, "accuracy": True,
+                             "time": True}
+    assert asp["outside"] == "staleness"
+    ssp = rows["SSP s=3"]     # 10% more iterations, 3 points; staleness ~0 on both agrees
+    assert ssp["agrees"] == {"iterations": False, "staleness": True, "accuracy": False,
+                             "time": True}

@@ -1,4 +1,5 @@
-"""The KVStore call forms every store accepts: one key or a list of keys, with values."""
+"""The KVStore call forms every store accepts (one key or a list of keys, with values), and the
+calls of MXNet's own stores that every kvstore_ext store answers alike (:class:`MXNetCalls`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -41,11 +42,14 @@ def refuse_sparse(store_type: str, key, arrays, what: str = "value") -> None:
                 f"gradients (use a dense parameter, or MXNet's dist_sync for sparse ones)")
 
 
-class DenseOnlyCalls:
-    """The KVStore calls of MXNet's own stores that kvstore_ext's stores refuse by design.
+class MXNetCalls:
+    """Calls of MXNet's own KVStore that are not in ``KVStoreBase``, for every kvstore_ext store:
+    ``_barrier`` (MXNet's name for ``barrier``, used in MXNet's scripts and tests), and what
+    the stores refuse by design.  Without these, MXNet code calling them would fail deep
+    inside Gluon with an AttributeError; here a refusal names the feature and the store."""
 
-    Without these, MXNet code that calls them would fail deep inside Gluon with an
-    AttributeError; here the error names the feature and the store at the call."""
+    def _barrier(self):
+        return self.barrier()
 
     def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
         from .errors import KVStoreError

@@ -59,12 +59,18 @@ def install() -> None:
     gluon.Trainer._init_kvstore = _init_kvstore
 
 
+def _store_name(kvstore) -> str:
+    """The type name of ``kvstore`` as gluon.Trainer takes it: a name, a store, or None."""
+    name = kvstore if isinstance(kvstore, str) else getattr(kvstore, "type", "")
+    return name if isinstance(name, str) else ""
+
+
 def _refuse_sparse_params(params, kvstore) -> None:
     """kvstore_ext's stores keep dense arrays only: a parameter with row_sparse weights or
     gradients is refused here, naming it, before any key is made (MXNet would otherwise
     call ``row_sparse_pull`` or push sparse gradients, which the stores refuse one by one)."""
-    name = kvstore if isinstance(kvstore, str) else getattr(kvstore, "type", None)
-    if not isinstance(name, str) or name.lower() not in registry.names():
+    name = _store_name(kvstore)
+    if name.lower() not in registry.names():
         return
     for p in params:
         for what, stype in (("weight", p._stype), ("gradient", p._grad_stype)):
@@ -83,7 +89,7 @@ def _refuse_delay_optimizer(optimizer, kvstore) -> None:
     (delay 0, which is exact there)."""
     if not getattr(optimizer, "needs_delay", False) or kvstore is None:
         return
-    name = kvstore if isinstance(kvstore, str) else getattr(kvstore, "type", "")
+    name = _store_name(kvstore)
     if "dist" not in name.lower() or is_asynchronous(kvstore):
         return
     from .optimizers import delay_refusal

@@ -100,13 +100,14 @@ def run_case(src_dir: str, file: str, args: list[str], native: str, ours: str | 
             [ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
             OMP_NUM_THREADS="1")
         start = time.perf_counter()
+        # launch.py stops the job at --timeout; this bound is for launch.py itself
         try:
             proc = subprocess.run(argv, cwd=tmp, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, timeout=timeout + 60)
+                                  stderr=subprocess.STDOUT, timeout=timeout + 60)
             code, output = proc.returncode, proc.stdout
         except subprocess.TimeoutExpired as e:
-            code, output = None, (e.stdout or b"").decode() if isinstance(e.stdout, bytes) \
-                else (e.stdout or "")
+            code, output = None, e.stdout or b""
+    output = output.decode(errors="replace")
     lines = output.strip().splitlines()
     errors = [line for line in lines if re.search(r"(Error|error:|Exception|assert)", line)]
     error = "" if code == 0 else (errors[-1] if errors else (lines[-1] if lines else ""))

@@ -19,6 +19,8 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from kvstore_ext.launch.hosts import free_port
+
 SSHD = "/usr/sbin/sshd"
 HOSTS = ("127.0.0.1", "127.0.0.2")
 SETUP_HINT = "`make setup` installs it when run as root, or: apt-get install {}"
@@ -63,9 +65,7 @@ def mpirun_missing() -> str | None:
 def _free_port() -> int:
     """A port free on both loopback addresses (sshd is told to listen on both)."""
     for _ in range(50):
-        with socket.socket() as s:
-            s.bind((HOSTS[0], 0))
-            port = s.getsockname()[1]
+        port = free_port(HOSTS[0])
         try:
             with socket.socket() as s:
                 s.bind((HOSTS[1], port))

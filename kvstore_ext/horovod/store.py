@@ -33,7 +33,7 @@ from .. import jobenv, registry
 from ..errors import KVStoreError
 from ..engine import SimulatedLink, probe, run as run_in_engine, settled_view
 from .params import MKLDNN_ENV
-from ..keys import DenseOnlyCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
+from ..keys import MXNetCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
 from ..keys import refuse_sparse
 from ..metrics import WorkerMetrics, write_json
 from .overlap import OverlapMeter
@@ -106,7 +106,7 @@ class _Key:
         self.sim_s = 0.0
 
 
-class HorovodStore(DenseOnlyCalls, KVStoreBase):
+class HorovodStore(MXNetCalls, KVStoreBase):
     """What ``dist_dcs3gd`` and ``dist_ssgd`` share: keys, optimizer, metrics, job checks."""
 
     store_type = ""
@@ -358,7 +358,6 @@ class HorovodStore(DenseOnlyCalls, KVStoreBase):
         if self.num_workers > 1:
             self._hvd.allreduce(mx.nd.zeros((1,)), name="kvx.barrier").wait_to_read()
 
-    _barrier = barrier   # MXNet's KVStore name for it (kv._barrier() in MXNet's scripts)
     def stats(self) -> dict:
         """This worker's metrics: iterations, exposed allreduce wait, overlap achieved."""
         mx.nd.waitall()   # every probe has run

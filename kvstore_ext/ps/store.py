@@ -25,7 +25,7 @@ from .. import engine
 from .batching import Coalescer
 from .link import Connection
 from ..errors import KVStoreError
-from ..keys import DenseOnlyCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
+from ..keys import MXNetCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
 from ..keys import refuse_sparse
 from ..metrics import WorkerMetrics, write_json
 from .partition import Partitioner
@@ -48,7 +48,7 @@ def _shared_connection(store: registry.StoreConfig) -> Connection:
     return _connection
 
 
-class ParameterServerStore(DenseOnlyCalls, KVStoreBase):
+class ParameterServerStore(MXNetCalls, KVStoreBase):
     """Worker side shared by the parameter-server stores (``dist_bsp``, ``dist_ssp``, ...)."""
 
     store_type = ""
@@ -415,7 +415,6 @@ class ParameterServerStore(DenseOnlyCalls, KVStoreBase):
         self._settle()
         self._conn.scheduler_call({"op": Op.BARRIER})
 
-    _barrier = barrier   # MXNet's KVStore name for it (kv._barrier() in MXNet's scripts)
     def stats(self) -> dict:
         """This worker's metrics and every server's, read live."""
         self._settle()

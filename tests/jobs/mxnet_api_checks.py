@@ -8,7 +8,6 @@ compares the two reports.  Each check records the values it read (or the error i
 ``OUT.r.json``.
 """
 import json
-import os
 import sys
 
 import mxnet as mx
@@ -38,6 +37,13 @@ def summary(a):
     return [float(x.min()), float(x.max())]
 
 
+def pulled(key, shape, dtype="float32"):
+    """The key's value, pulled into a new array, as :func:`summary`."""
+    val = mx.nd.zeros(shape, dtype=dtype)
+    kv.pull(key, out=val)
+    return summary(val)
+
+
 # -- keys made with init and read back (MXNet's test_sync_init, CPU part) ------------------------
 # (int keys throughout: gluon.Trainer below uses int keys on the same store, and a store's keys
 # are all ints or all strs)
@@ -46,21 +52,18 @@ def init_reads():
     for i, (key, shape, dtype) in enumerate([(200, SMALL, "float32"), (201, SMALL, "float16"),
                                              (300, BIG, "float32"), (301, BIG, "float16")]):
         kv.init(key, mx.nd.ones(shape, dtype=dtype) * (i + 1))
-        val = mx.nd.zeros(shape, dtype=dtype)
-        kv.pull(key, out=val)
-        got.append([key, dtype, summary(val)])
+        got.append([key, dtype, pulled(key, shape, dtype)])
     return got
 
 
 report["init"] = outcome(init_reads)
 
-# -- push then pull, in a loop, under MXNet's 'test' optimizer, with and without
-#    multi-precision (MXNet's test_sync_push_pull, dense keys) -----------------------------------
+# -- push then pull, in a loop, under MXNet's 'test' optimizer with multi-precision (MXNet's
+#    test_sync_push_pull, dense keys; its float16 keys keep float32 copies on the servers) -------
 keys = [(3, SMALL, "float32"), (99, BIG, "float32"), (4, SMALL, "float16"),
         (100, BIG, "float16")]
 kv.init([k for k, _, _ in keys], [mx.nd.ones(s, dtype=d) for _, s, d in keys])
-multi_precision = os.environ.get("CHECK_MULTI_PRECISION", "1") == "1"
-kv.set_optimizer(mx.optimizer.create("test", rescale_grad=RATE, multi_precision=multi_precision))
+kv.set_optimizer(mx.optimizer.create("test", rescale_grad=RATE, multi_precision=True))
 
 
 def push_pull_loop():
@@ -68,9 +71,7 @@ def push_pull_loop():
     for k, s, d in keys:
         for i in range(3):
             kv.push(k, mx.nd.ones(s, dtype=d) * (rank + 1))
-            val = mx.nd.zeros(s, dtype=d)
-            kv.pull(k, out=val)
-            got.append([k, i, summary(val)])
+            got.append([k, i, pulled(k, s, d)])
     return got
 
 
@@ -224,9 +225,7 @@ if not native:   # MXNet's supports these; kvstore_ext's refuse them at the call
 
 def after():
     kv.push(3, mx.nd.ones(SMALL))
-    val = mx.nd.zeros(SMALL)
-    kv.pull(3, out=val)
-    return summary(val)
+    return pulled(3, SMALL)
 
 
 report["after_refusals"] = outcome(after)

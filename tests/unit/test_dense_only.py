@@ -3,7 +3,7 @@ import mxnet as mx
 import pytest
 
 from kvstore_ext.errors import KVStoreError
-from kvstore_ext.keys import DenseOnlyCalls, refuse_sparse
+from kvstore_ext.keys import MXNetCalls, refuse_sparse
 
 
 def test_dense_arrays_and_lists_of_them_pass():
@@ -22,7 +22,7 @@ def test_a_sparse_array_is_refused_naming_store_key_and_storage(stype):
         assert word in message, (word, message)
 
 
-class Store(DenseOnlyCalls):
+class Store(MXNetCalls):
     type = "dist_ssp"
 
 

@@ -28,9 +28,12 @@ TOP_KEYS = {"name", "description", "paper", "script", "args", "workers", "server
 #: virtual time in one process (:mod:`kvstore_ext.virtual_training`), with its own ``workers``,
 #: the ``latency`` and server ``service`` time of a message (seconds), ``eval_every``
 #: (virtual seconds between evaluations) and ``lr`` (the learning rate at this size, over
-#: the script's: the stores sum n workers' gradients) and ``patience`` (end a run after this
-#: many evaluations below its best accuracy)
-VIRTUAL_KEYS = {"virtual", "workers", "latency", "service", "eval_every", "lr", "patience"}
+#: the script's: the stores sum n workers' gradients), ``patience`` (end a run after this
+#: many evaluations below its best accuracy) and ``calibration`` (a ``plan calibrate`` JSON:
+#: the latency, service and apply times of the planner's model of this job, instead of
+#: ``latency`` and ``service``)
+VIRTUAL_KEYS = {"virtual", "workers", "latency", "service", "eval_every", "lr", "patience",
+                "calibration"}
 CLUSTER_KEYS = {"speeds", "speed_jitter", "speed_seed", "delay_replies", "slow_server", "fault_seed",
                 "device", "device_model", "device_batch", "patterns"} | VIRTUAL_KEYS
 PARADIGM_KEYS = {"name", "kvstore", "params", "backend"}
@@ -260,6 +263,13 @@ def _cluster_options(entry: dict, at: str, servers: int, workers: int) -> dict:
         value = out.get(key, 0.0)
         _need(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
               and math.isfinite(value), at, f"{key} must be {what} >= 0, got {value!r}")
+    if "calibration" in out:
+        _need(isinstance(out["calibration"], str) and out["calibration"], at,
+              f"calibration must be the path of a 'plan calibrate' JSON, got {out['calibration']!r}")
+        given = sorted(set(out) & {"latency", "service"})
+        if given:
+            raise ConfigError(f"{at}: give calibration (the planner's message costs) or "
+                              f"{given[0]}, not both")
     device_keys = sorted(set(out) & {"device_model", "device_batch", "patterns"})
     if device_keys and "device" not in out:
         raise ConfigError(f"{at}: {device_keys[0]} needs device (the emulated devices)")

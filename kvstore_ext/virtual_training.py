@@ -17,6 +17,8 @@ bounded by the versions in flight.  The same seed gives the same weights, bit fo
 """
 from __future__ import annotations
 
+import json
+import os
 import re
 import time
 from collections import Counter
@@ -111,9 +113,16 @@ class VirtualTraining:
             raise ValueError("dist_pool: a worker pool changes batch sizes and the learning "
                              "rate as it goes; virtual-time training does not run it yet")
         self.net = net
+        if isinstance(net, gluon.HybridBlock):
+            # one cached graph per iteration instead of an operator call per layer from Python
+            net.hybridize(static_alloc=True, static_shape=True)
         self.params = list(net.collect_params().values())
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-        self.x_train, self.y_train = x_train, y_train
+        # the training set lives on MXNet's side once: a mini-batch is one gather, not a
+        # synchronous copy from numpy per iteration
+        self.x_train = mx.nd.array(x_train)
+        self.y_train = mx.nd.array(y_train)
+        self.num_train = len(x_train)
         self.x_test, self.y_test = x_test, y_test
         self.batch_size = batch_size
         if len(x_train) < batch_size:
@@ -135,12 +144,14 @@ class VirtualTraining:
         # per server, which the servers sum from (a push reaches every server in one event,
         # before the next backward: no copy of the gradient is kept)
         self.flat_data = [p.data().reshape(-1) for p in self.params]
+        self.data_views = [[self.flat_data[b.key][b.start:b.stop] for b in state.blocks]
+                           for state in self.servers]
         flat_grad = [p.grad().reshape(-1) for p in self.params]
         self.grad_views = [[flat_grad[b.key][b.start:b.stop] for b in state.blocks]
                            for state in self.servers]
         self._loaded: tuple | None = None       # the versions the net holds now
         self.rngs = [np.random.default_rng([seed, w]) for w in range(num_workers)]
-        self.orders = [np.empty(0, np.int64)] * num_workers
+        self.orders: list = [None] * num_workers   # each worker's shuffle, on MXNet's side
         self.cursor = [0] * num_workers
         self.reading: dict[int, tuple] = {}     # worker -> (versions, snapshots) it read
         self.log = TrainingLog()
@@ -233,13 +244,14 @@ class VirtualTraining:
         return not (self.max_iterations and self.pushes >= self.max_iterations)
 
     # -- the model -----------------------------------------------------------------------------
-    def _batch(self, worker: int) -> np.ndarray:
-        """The next mini-batch of ``worker``'s own pass over the training set (its own
-        shuffle, seeded by the run's seed and its rank)."""
+    def _batch(self, worker: int):
+        """The indices of the next mini-batch of ``worker``'s own pass over the training
+        set (its own shuffle, seeded by the run's seed and its rank)."""
         start = self.cursor[worker]
         order = self.orders[worker]
-        if start + self.batch_size > len(order):
-            order = self.orders[worker] = self.rngs[worker].permutation(len(self.x_train))
+        if order is None or start + self.batch_size > order.shape[0]:
+            order = self.orders[worker] = self.mx.nd.array(
+                self.rngs[worker].permutation(self.num_train))
             start = 0
         self.cursor[worker] = start + self.batch_size
         return order[start:start + self.batch_size]
@@ -251,9 +263,9 @@ class VirtualTraining:
         if versions == self._loaded:
             return
         self._loaded = versions
-        for (_, snap), state in zip(reading, self.servers):
-            for block, values in zip(state.blocks, snap):
-                self.flat_data[block.key][block.start:block.stop] = values
+        for (_, snap), views in zip(reading, self.data_views):
+            for values, view in zip(snap, views):
+                values.copyto(view)
 
     def _backward(self, worker: int) -> None:
         """``worker``'s gradient on its next mini-batch, from the weights it read, into the
@@ -261,7 +273,7 @@ class VirtualTraining:
         mx = self.mx
         self._load(self.reading[worker])
         idx = self._batch(worker)
-        data, label = mx.nd.array(self.x_train[idx]), mx.nd.array(self.y_train[idx])
+        data, label = mx.nd.take(self.x_train, idx), mx.nd.take(self.y_train, idx)
         with self.autograd.record():
             loss = self.loss_fn(self.net(data), label)
         loss.backward()
@@ -367,10 +379,9 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
     t0 = time.perf_counter()
     blocks = vt.blocks_per_server() if servers > 1 else None
     result = simulate(paradigm.kvstore, paradigm.params, None, horizon,
-                      clocks=exp.device_clocks(cluster), latency=float(opts.get("latency", 0.0)),
-                      service=float(opts.get("service", 0.0)) if servers == 1 and
-                      registry.lookup(paradigm.kvstore).policy else 0.0,
-                      servers=servers, blocks=blocks, trainer=vt, seed=trial)
+                      clocks=exp.device_clocks(cluster), servers=servers, blocks=blocks,
+                      trainer=vt, seed=trial,
+                      **message_costs(opts, model, paradigm.kvstore, n, servers, batch))
     end = min(vt.now, horizon) if per_worker else horizon
     if vt.stopped_early:
         end = vt.log.curve[-1].time
@@ -395,6 +406,25 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
             "max_lead": result.max_lead_at_ok, "curve": curve, "dssp": None,
             "stopped_early": vt.stopped_early,
             "train_start_wall": None, "wait_share": None}
+
+
+def message_costs(opts: dict, model: str, store: str, workers: int, servers: int,
+                  batch: int) -> dict:
+    """What a virtual cluster adds per message: its ``latency`` and ``service`` (service only
+    with one server and a server-wide policy), or with ``calibration`` the planner's model of
+    this job on the calibrated machine (:func:`kvstore_ext.plan.model.message_delays`)."""
+    if opts.get("calibration"):
+        from .plan.model import message_delays
+        path = opts["calibration"]
+        if not os.path.exists(path):
+            raise ValueError(f"calibration {path!r} does not exist: make it with "
+                             f"'python -m kvstore_ext.plan calibrate --out {path}'")
+        with open(path) as f:
+            data = json.load(f)
+        return message_delays(data, model, store, workers, servers, batch)
+    server_wide = servers == 1 and registry.lookup(store).policy is not None
+    return {"latency": float(opts.get("latency", 0.0)),
+            "service": float(opts.get("service", 0.0)) if server_wide else 0.0}
 
 
 def plot_staleness(runs: list[dict], rows: list[dict], cluster: str, path: str, title: str) -> bool:

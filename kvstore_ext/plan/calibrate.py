@@ -31,21 +31,27 @@ import numpy as np
 from .model import BYTES_PER_PARAM
 
 
-def fit(columns: dict, y, nonnegative: bool = False) -> dict:
+def fit(columns: dict, y, nonnegative: bool = False, relative: bool = False) -> dict:
     """Least squares ``y ~ sum(coef * column)``; the coefficients by column name and R^2
     (an intercept is a column of ones, named).  ``nonnegative``: every coefficient >= 0
-    (costs), by scipy's NNLS, rather than a negative one clipped afterwards."""
+    (costs), by scipy's NNLS, rather than a negative one clipped afterwards.  ``relative``:
+    minimise relative rather than absolute residuals (each point weighted by 1/y), for times
+    spanning orders of magnitude whose noise grows with them: otherwise the largest points'
+    few percent of noise decide the small costs (a message's, a key's) and two calibrations
+    disagree on them.  R^2 is of the unweighted fit to ``y`` either way."""
     names = list(columns)
     a = np.column_stack([np.asarray(columns[k], dtype=float) for k in names])
     y = np.asarray(y, dtype=float)
+    w = 1.0 / np.maximum(np.abs(y), 1e-12) if relative else np.ones_like(y)
+    aw, yw = a * w[:, None], y * w
     if nonnegative:
         from scipy.optimize import nnls
-        scale = np.abs(a).max(axis=0)
+        scale = np.abs(aw).max(axis=0)
         scale[scale == 0] = 1.0
-        coef, _ = nnls(a / scale, y)
+        coef, _ = nnls(aw / scale, yw)
         coef = coef / scale
     else:
-        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+        coef, *_ = np.linalg.lstsq(aw, yw, rcond=None)
     resid = y - a @ coef
     total = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float((resid ** 2).sum()) / total if total > 0 else 1.0
@@ -243,9 +249,13 @@ def measure_optimizer(reps: int = 7) -> dict:
                 updater(idx, gs, ws)
                 mx.nd.waitall()
             rows.append((keys, keys * size, _timed(apply, reps)))
-    k, p, t = (np.array(c, dtype=float) for c in zip(*rows))
-    return {"points": [list(r) for r in rows],
-            "fit": fit({"per_key": k, "per_param": p}, t, nonnegative=True)}
+    return {"points": [list(r) for r in rows], "fit": fit_optimizer(rows)}
+
+
+def fit_optimizer(points) -> dict:
+    """The optimizer's cost per key and per parameter from ``(keys, params, seconds)`` points."""
+    k, p, t = (np.array(c, dtype=float) for c in zip(*points))
+    return fit({"per_key": k, "per_param": p}, t, nonnegative=True, relative=True)
 
 
 #: the runtime jobs' shape sets: real models and synthetic sets that vary keys and bytes apart
@@ -272,14 +282,18 @@ def measure_runtime(optimizer_fit: dict, sets=RUNTIME_SETS, rounds: int = 30,
                      "round_s": statistics.median(r["seconds"] / r["rounds"] for r in rs),
                      "worker_cpu_s": statistics.median(r["comm_cpu_s"] / r["rounds"] for r in rs),
                      "server_cpu_s": server, "server_push_cpu_s": server - opt})
+    return {"jobs": rows, **fit_runtime(rows)}
+
+
+def fit_runtime(rows: list[dict]) -> dict:
+    """The worker's and the server's CPU per message, key and byte from the runtime jobs."""
     ones = np.ones(len(rows))
     keys = np.array([r["keys"] for r in rows], dtype=float)
     nbytes = np.array([r["bytes"] for r in rows], dtype=float)
-    worker = fit({"msg": ones, "per_key": keys, "per_byte": nbytes},
-                 [r["worker_cpu_s"] for r in rows], nonnegative=True)
-    server = fit({"msg": ones, "per_key": keys, "per_byte": nbytes},
-                 [r["server_push_cpu_s"] for r in rows], nonnegative=True)
-    return {"jobs": rows, "worker_fit": worker, "server_fit": server}
+    return {kind: fit({"msg": ones, "per_key": keys, "per_byte": nbytes},
+                      [r[column] for r in rows], nonnegative=True, relative=True)
+            for kind, column in (("worker_fit", "worker_cpu_s"),
+                                 ("server_fit", "server_push_cpu_s"))}
 
 
 #: ``calibrate --quick``: fewer, shorter measurements, to check the pipeline (not for figures)
@@ -332,6 +346,24 @@ def calibrate(models=("lenet", "cifar_resnet20_v1"), interference_counts=(1, 2, 
     if not quick:
         say("allreduce")
         out["allreduce"] = measure_allreduce()
+    return with_coefficients(out)
+
+
+def refit(data: dict) -> dict:
+    """``data`` (a calibration) with its fits and coefficients made again from its measured
+    points by this version's fitting: two calibrations compare on the same method."""
+    out = json.loads(json.dumps(data))
+    out["optimizer"]["fit"] = fit_optimizer(out["optimizer"]["points"])
+    opt = out["optimizer"]["fit"]
+    for r in out["runtime"]["jobs"]:
+        r["server_push_cpu_s"] = r["server_cpu_s"] - (
+            opt["per_key"] * r["keys"] + opt["per_param"] * r["bytes"] / BYTES_PER_PARAM)
+    out["runtime"].update(fit_runtime(out["runtime"]["jobs"]))
+    return with_coefficients(out)
+
+
+def with_coefficients(out: dict) -> dict:
+    """The model's coefficients from the measurements and fits of ``out`` (in place)."""
     w, s, o = out["runtime"]["worker_fit"], out["runtime"]["server_fit"], out["optimizer"]["fit"]
     out["coefficients"] = {
         "worker_msg": w["msg"], "worker_key": w["per_key"], "worker_byte": w["per_byte"],
@@ -339,7 +371,7 @@ def calibrate(models=("lenet", "cifar_resnet20_v1"), interference_counts=(1, 2, 
         "opt_key": o["per_key"], "opt_param": o["per_param"],
         "latency": out["wire"]["latency"], "bandwidth": out["wire"]["bandwidth"],
         "interference": {str(k): v for k, v in out["interference"]["factor"].items()},
-        "cores": os.cpu_count() or 1}
+        "cores": out["machine"].get("cores") or os.cpu_count() or 1}
     if out.get("allreduce"):
         out["coefficients"]["allreduce_latency"] = out["allreduce"]["latency"]
         out["coefficients"]["allreduce_bandwidth"] = out["allreduce"]["bandwidth"]

@@ -102,7 +102,8 @@ def cmd_predict(args) -> int:
         p = predict(profile, costs, store=args.store, workers=args.workers, servers=args.servers,
                     batch_size=args.batch_size, device_s=devices,
                     bigarray_bound=args.bigarray_bound, dataset_size=args.dataset_size,
-                    params=_params(args.kv_param), colocated=args.colocate, **options)
+                    params=_params(args.kv_param), colocated=args.colocate,
+                    wire_s=args.wire_ms / 1e3, **options)
     except ValueError as exc:
         raise SystemExit(f"predict: {exc}")
     out = {"model": args.model, "store": args.store, "workers": args.workers,
@@ -222,8 +223,10 @@ def plot_search(result: dict, knee: dict, top: list[dict], out_dir: str) -> list
 
 def cmd_compare(args) -> int:
     """Two calibrations side by side: each coefficient's relative difference (repeatability)."""
-    from .calibrate import repeatability
+    from .calibrate import refit, repeatability
     a, b = _calibration(args.first), _calibration(args.second)
+    if args.refit:
+        a, b = refit(a), refit(b)
     rows = repeatability(a, b)
     worst = 0.0
     for r in rows:
@@ -263,6 +266,30 @@ def cmd_validate(args) -> int:
         measured = v.run(cases, args.trials, args.rounds, args.warmup,
                          progress=lambda c: bar.update(1))
     return report(v, cases, measured, data, args)
+
+
+def cmd_validate_dcs3gd(args) -> int:
+    """SSGD / DC-S3GD as predicted against bench_dcs3gd.py's measurement of it."""
+    from kvstore_ext.reports import write_results
+    from . import validate as v
+    data = _calibration(args.calibration)
+    rows = []
+    for path in args.bench:
+        with open(path) as f:
+            bench = json.load(f)
+        for row in v.dcs3gd_rows(bench, data, overlap=args.overlap):
+            rows.append({"bench": path, **row})
+    os.makedirs(args.out, exist_ok=True)
+    print(write_results(args.out, "validate_dcs3gd", rows, [
+        ("bench", "bench", "{}"), ("case", "label", "{}"),
+        ("device ms", "device_ms", "{:.0f}"), ("injected wire ms", "wire_ms", "{:.1f}"),
+        ("predicted ms", "predicted_ms", "{:.1f}"), ("measured ms", "measured_ms", "{:.1f}"),
+        ("predicted ratio", "predicted_ratio", "{:.2f}"),
+        ("measured ratio", "measured_ratio", "{:.2f}"), ("error", "error", "{:+.1%}"),
+        ("measured overlap", "measured_overlap", "{:.2f}")]))
+    worst = max(abs(r["error"]) for r in rows if r["store"] == "ratio")
+    print(f"largest error of a predicted SSGD/DC-S3GD ratio: {worst:.1%} (bound 10%)")
+    return 0
 
 
 def report(v, cases, measured, data, args) -> int:
@@ -351,6 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(launch.py --bigarray-bound; default 1000000)")
     q.add_argument("--colocate", action="store_true",
                    help="with --cluster: the servers run on the workers' machines")
+    q.add_argument("--wire-ms", type=float, default=0.0,
+                   help="milliseconds per iteration a worker's exchange spends on a slow link "
+                        "beyond the calibrated one, without CPU (what KVX_SIM_COMM_S injects; "
+                        "default 0)")
     q.add_argument("--json", action="store_true", help="print the prediction as JSON")
     q.set_defaults(func=cmd_predict)
 
@@ -386,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("second", help="another calibration JSON")
     r.add_argument("--tolerance", type=float, default=0.2,
                    help="largest relative difference accepted (default 0.2)")
+    r.add_argument("--refit", action="store_true",
+                   help="fit both calibrations' measured points again with this version's "
+                        "fitting first (to compare calibrations made by older versions)")
     r.set_defaults(func=cmd_compare)
 
     v = sub.add_parser("validate", help="predicted against measured on a grid of real jobs",
@@ -415,6 +449,24 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--out", default=os.path.join("results", "plan"),
                    help="folder for validate.{json,csv,md}, the summary and PNGs")
     v.set_defaults(func=cmd_validate)
+
+    d = sub.add_parser("validate-dcs3gd", help="SSGD / DC-S3GD predicted against bench_dcs3gd.py",
+                       description="Score scripts/bench_dcs3gd.py's measurements (2 Horovod "
+                                   "workers, communication negligible and equal to computation) "
+                                   "against the model: each step time and each SSGD / DC-S3GD "
+                                   "ratio, predicted and measured.")
+    d.add_argument("--bench", action="append", required=True, metavar="DCS3GD_JSON",
+                   help="a dcs3gd.json that bench_dcs3gd.py --out wrote (make bench-dcs3gd "
+                        "writes results/bench/dcs3gd.json and results/bench/device/dcs3gd.json); "
+                        "repeatable")
+    d.add_argument("--calibration", default=DEFAULT_CALIBRATION,
+                   help=f"calibration JSON (default {DEFAULT_CALIBRATION})")
+    d.add_argument("--overlap", type=float, default=1.0,
+                   help="share of the allreduce DC-S3GD hides behind the next step's compute "
+                        "(default 1.0, what the algorithm allows)")
+    d.add_argument("--out", default=os.path.join("results", "plan"),
+                   help="folder for validate_dcs3gd.{json,csv,md}")
+    d.set_defaults(func=cmd_validate_dcs3gd)
     return p
 
 

@@ -152,7 +152,7 @@ def busiest(profile: ModelProfile, servers: int, costs: Costs, workers: int,
 def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elements,
                    messages, server_keys, server_elements, server_max_elements, costs: Costs,
                    device_max_s=None, shared_host=True, bandwidth=None, overlap=1.0,
-                   colocated=False):
+                   colocated=False, wire_s=0.0):
     """Seconds per iteration of one worker, and the time of each part, for arrays of
     configurations (numpy broadcasting; scalars work).
 
@@ -161,7 +161,9 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
     ``elements`` are the model's, ``server_*`` the busiest server's share, ``messages`` the
     servers a worker sends to.  ``shared_host``: every process on one host of ``costs.cores``
     (this machine); otherwise each worker and server has its own host, or with ``colocated``
-    the servers share the workers' hosts (a server's CPU then bounds its host's).  Returns ``(seconds, parts)``
+    the servers share the workers' hosts (a server's CPU then bounds its host's).  ``wire_s``:
+    seconds a worker's exchange spends on a slow link per iteration beyond the calibrated one,
+    without CPU (what ``KVX_SIM_COMM_S`` emulates).  Returns ``(seconds, parts)``
     where ``parts`` maps each of :data:`BOTTLENECKS` to an array of seconds on the iteration's
     path: they add up to ``seconds``.
     """
@@ -178,7 +180,8 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
     slowest = compute if device_max_s is None else np.maximum(host, device_max_s)
     worker_cpu = (costs.worker_msg * np.asarray(messages) + costs.worker_key * np.asarray(keys)
                   + costs.worker_byte * nbytes)
-    link = 2 * costs.latency + 2 * smax_bytes / bw
+    wire = np.asarray(wire_s, dtype=float)
+    link = 2 * costs.latency + 2 * smax_bytes / bw + wire
     push_cpu = (costs.server_msg + costs.server_key * np.asarray(server_keys)
                 + costs.server_byte * sbytes)
     apply_cpu = costs.opt_key * np.asarray(server_keys) + costs.opt_param * np.asarray(
@@ -202,7 +205,7 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
     # allreduce (Gloo's ring): 2(n-1) steps, each moving 1/n of the bytes; DC-S3GD overlaps it
     # with the next iteration's compute (``overlap`` = the share hidden)
     ring = np.where(n > 1, 2 * (n - 1) * costs.allreduce_latency
-                    + 2 * (n - 1) / n * nbytes / costs.allreduce_bandwidth, 0.0)
+                    + 2 * (n - 1) / n * nbytes / costs.allreduce_bandwidth + wire, 0.0)
     hidden = np.where(store == "dist_dcs3gd", overlap, 0.0)
     ar_time = slowest + worker_cpu + np.maximum(ring - hidden * slowest, 0.0)
     seconds = np.where(sync, sync_time, np.where(allreduce, ar_time, async_time))
@@ -266,7 +269,8 @@ def predict(profile: ModelProfile, costs: Costs, *, store: str = "dist_bsp", wor
             servers: int = 1, batch_size: int = 64, device_s=0.0, bigarray_bound: int = 1_000_000,
             shared_host: bool = True, bandwidth: float | None = None, dataset_size: int | None = None,
             params: dict | None = None, overlap: float = 1.0, horizon_iterations: int = 400,
-            seed: int = 0, host_compute: bool = True, colocated: bool = False) -> Prediction:
+            seed: int = 0, host_compute: bool = True, colocated: bool = False,
+            wire_s: float = 0.0) -> Prediction:
     """Time per iteration, samples/s and epoch time of one configuration.
 
     ``device_s`` is one device time for every worker or one per worker (seconds per iteration
@@ -289,7 +293,7 @@ def predict(profile: ModelProfile, costs: Costs, *, store: str = "dist_bsp", wor
                   server_keys=place["keys"], server_elements=place["elements"],
                   server_max_elements=place["max_elements"], costs=costs,
                   shared_host=shared_host, bandwidth=bandwidth, overlap=overlap,
-                  colocated=colocated)
+                  colocated=colocated, wire_s=wire_s)
     method = "closed form"
     if store == "dist_asp" and uneven:
         # every worker at its own pace: the job's rate is the sum of the workers' rates
@@ -341,13 +345,39 @@ def simulated_time(store: str, params: dict, devices, host: float, comm: float, 
     times = [max(d, host_slow) for d in devices]
     fastest = min(times)
     horizon = horizon_iterations * (max(times) + comm + (push_s + apply_s) * workers)
-    if store == "dist_psp":
-        extra = {"latency": comm + workers * push_s + apply_s}
-    else:
-        extra = {"latency": comm, "service": push_s, "apply_time": apply_s}
     r = simulate(store, params, [fastest / t for t in times], horizon, base_time=fastest,
-                 seed=seed, **extra)
+                 seed=seed, **simulator_delays(store, comm, push_s, apply_s, workers))
     return workers * horizon / max(r.total_iterations, 1)
+
+
+def simulator_delays(store: str, comm: float, push_s: float, apply_s: float,
+                     workers: int) -> dict:
+    """The simulator's ``latency``, ``service`` and ``apply_time`` for a worker's exchange of
+    ``comm`` seconds (its CPU and the link) and a server that spends ``push_s`` per push and
+    ``apply_s`` per application; ``dist_psp``'s per-block rounds take the server's round as a
+    delay (its servers have no queue in the simulator)."""
+    if store == "dist_psp":
+        return {"latency": comm + workers * push_s + apply_s}
+    return {"latency": comm, "service": push_s, "apply_time": apply_s}
+
+
+def message_delays(calibration: dict, model: str, store: str, workers: int, servers: int = 1,
+                   batch_size: int = 64, bigarray_bound: int = 1_000_000) -> dict:
+    """:func:`simulator_delays` of a job of ``model`` on this calibration's machine (every
+    process on one host, as the calibration measured them): what virtual-time training adds
+    per message when a cluster asks for the planner's costs."""
+    costs = Costs.from_calibration(calibration)
+    profile = ModelProfile.from_calibration(calibration, model)
+    place = busiest(profile, servers, costs, workers, bigarray_bound)
+    _, parts = iteration_time(
+        store="dist_bsp" if store == "dist_psp" else "dist_asp", workers=workers,
+        batch_size=batch_size, host_s=0.0, device_s=0.0, keys=place["items"],
+        elements=profile.params, messages=place["messages"], server_keys=place["keys"],
+        server_elements=place["elements"], server_max_elements=place["max_elements"],
+        costs=costs)
+    push_s, apply_s = server_service(costs, place)
+    return simulator_delays(store, float(parts["worker CPU"] + parts["worker link"]), push_s,
+                            apply_s, workers)
 
 
 def epoch_seconds(samples_per_s: float, dataset_size: int) -> float:

@@ -209,3 +209,50 @@ def plot(rows: list[dict], out_dir: str) -> list[str]:
         ax.legend(fontsize=6)
     paths.append(save_figure(fig, out_dir, "throughput_vs_workers.png"))
     return paths
+
+
+# -- DC-S3GD against SSGD: scripts/bench_dcs3gd.py's two regimes -------------------------------
+
+DCS3GD_REGIMES = (("negligible_comm", "communication negligible"),
+                  ("comm_equals_compute", "communication = computation"))
+
+
+def dcs3gd_rows(bench: dict, calibration: dict, overlap: float = 1.0) -> list[dict]:
+    """Predicted against measured for a ``bench_dcs3gd.py`` result (its ``dcs3gd.json``): each
+    regime's step time of ``dist_ssgd`` and ``dist_dcs3gd`` (2 Horovod workers, LeNet on the
+    host, the bench's device time held between its forward and backward pass, its injected
+    wire time in the allreduce), and each regime's SSGD / DC-S3GD ratio.
+
+    The model's ``overlap`` is the share of the allreduce DC-S3GD can hide behind the next
+    step's compute: 1.0 is what the algorithm allows; the bench's measured overlap is beside it.
+    """
+    costs = Costs.from_calibration(calibration)
+    profile = ModelProfile.from_calibration(calibration, "lenet")
+    args = bench["args"]
+    batch, device = int(args["batch_size"]), float(args.get("device_s") or 0.0)
+    host = float(profile.host_time(batch))
+    rows = []
+    for regime, title in DCS3GD_REGIMES:
+        wire = float(bench["injected_comm_s"]) if regime == "comm_equals_compute" else 0.0
+        got = {}
+        for store in ("dist_ssgd", "dist_dcs3gd"):
+            # the device holds the step between the host's forward and backward: they add up
+            pred = predict(profile, costs, store=store, workers=2, batch_size=batch,
+                           device_s=host + device if device else 0.0, overlap=overlap,
+                           wire_s=wire).seconds
+            meas = float(bench[regime][store]["step_time_s"])
+            got[store] = (pred, meas)
+            rows.append({"label": f"{store}, {title}", "regime": regime, "store": store,
+                         "device_ms": device * 1e3, "wire_ms": wire * 1e3,
+                         "predicted_ms": pred * 1e3, "measured_ms": meas * 1e3,
+                         "predicted_ratio": None, "measured_ratio": None,
+                         "error": pred / meas - 1.0,
+                         "measured_overlap": bench[regime][store].get("overlap")})
+        (ps, ms), (pd, md) = got["dist_ssgd"], got["dist_dcs3gd"]
+        rows.append({"label": f"SSGD / DC-S3GD, {title}", "regime": regime, "store": "ratio",
+                     "device_ms": device * 1e3, "wire_ms": wire * 1e3,
+                     "predicted_ms": None, "measured_ms": None,
+                     "predicted_ratio": ps / pd, "measured_ratio": ms / md,
+                     "error": (ps / pd) / (ms / md) - 1.0,
+                     "measured_overlap": bench[regime]["dist_dcs3gd"].get("overlap")})
+    return rows

@@ -83,3 +83,35 @@ def test_a_missing_calibration_or_model_is_named(calibration, tmp_path):
                            str(calibration), "--model", "vgg99"], cwd=ROOT, capture_output=True,
                           text=True)
     assert proc.returncode != 0 and "vgg99" in proc.stderr
+
+
+def test_refit_gives_back_the_calibrations_coefficients(calibration):
+    """``compare --refit`` fits the stored points again: on a calibration of this version it
+    must land on the very coefficients calibrate wrote (same points, same fitting)."""
+    from kvstore_ext.plan.calibrate import refit
+    data = json.loads(calibration.read_text())
+    again = refit(data)["coefficients"]
+    for name, value in data["coefficients"].items():
+        if name != "interference":
+            assert again[name] == pytest.approx(value, rel=1e-9, abs=1e-15), name
+    out = plan("compare", str(calibration), str(calibration), "--refit")
+    assert "largest difference 0.0%" in out
+
+
+def test_validate_dcs3gd_scores_a_bench_result(calibration, tmp_path):
+    bench = {"args": {"batch_size": 16, "device_s": 0.1}, "injected_comm_s": 0.11,
+             "negligible_comm": {"dist_ssgd": {"step_time_s": 0.11, "overlap": 0.0},
+                                 "dist_dcs3gd": {"step_time_s": 0.11, "overlap": 0.9}},
+             "comm_equals_compute": {"dist_ssgd": {"step_time_s": 0.22, "overlap": 0.0},
+                                     "dist_dcs3gd": {"step_time_s": 0.12, "overlap": 0.95}}}
+    path = tmp_path / "dcs3gd.json"
+    path.write_text(json.dumps(bench))
+    out = plan("validate-dcs3gd", "--bench", str(path), "--calibration", str(calibration),
+               "--out", str(tmp_path))
+    assert "largest error of a predicted SSGD/DC-S3GD ratio" in out
+    rows = json.loads((tmp_path / "validate_dcs3gd.json").read_text())["rows"]
+    ratios = [r for r in rows if r["store"] == "ratio"]
+    assert len(rows) == 6 and len(ratios) == 2
+    loaded = next(r for r in ratios if r["regime"] == "comm_equals_compute")
+    # the device's 100 ms and the injected 110 ms dominate: SSGD pays both, DC-S3GD mostly one
+    assert 1.6 < loaded["predicted_ratio"] < 2.0 and loaded["measured_ratio"] == pytest.approx(0.22 / 0.12)

@@ -94,6 +94,47 @@ def test_allreduce_ring_by_hand():
     assert overlapped == pytest.approx(0.1 + 0.002204)   # the ring hides under the compute
 
 
+def test_injected_wire_time_lengthens_the_ring_and_dcs3gd_hides_it_up_to_the_compute():
+    ring = 2 * 1 * 1e-4 + 2 * 1 / 2 * 1_004_000 / 1e9
+    worker = 0.002204
+    plain, parts = one("dist_ssgd", 2, wire_s=0.1)
+    assert parts["worker link"] == pytest.approx(ring + 0.1)
+    assert plain == pytest.approx(0.1 + worker + ring + 0.1)
+    hidden, _ = one("dist_dcs3gd", 2, wire_s=0.1)
+    assert hidden == pytest.approx(0.1 + worker + ring)   # all but the compute's 0.1 s shows
+    half, _ = one("dist_dcs3gd", 2, wire_s=0.1, overlap=0.5)
+    assert half == pytest.approx(0.1 + worker + ring + 0.05)
+    bsp, parts = one("dist_bsp", 2, wire_s=0.1)
+    assert parts["worker link"] == pytest.approx(2 * 1e-4 + 2 * 1_004_000 / 1e9 + 0.1)
+
+
+def test_dcs3gd_rows_score_a_bench_result_by_hand():
+    from kvstore_ext.plan.validate import dcs3gd_rows
+    c = costs(interference={1: 1.0, 2: 1.0})
+    calibration = {"coefficients": c.to_dict(),
+                   "profiles": {"lenet": {"key_sizes": [1000, 250_000],
+                                          "compute_fixed": 0.01, "compute_per_sample": 0.0}}}
+    bench = {"args": {"batch_size": 16, "device_s": 0.1}, "injected_comm_s": 0.12,
+             "negligible_comm": {"dist_ssgd": {"step_time_s": 0.12, "overlap": 0.0},
+                                 "dist_dcs3gd": {"step_time_s": 0.12, "overlap": 0.9}},
+             "comm_equals_compute": {"dist_ssgd": {"step_time_s": 0.24, "overlap": 0.0},
+                                     "dist_dcs3gd": {"step_time_s": 0.125, "overlap": 0.95}}}
+    rows = {(r["regime"], r["store"]): r for r in dcs3gd_rows(bench, calibration)}
+    worker = 1e-3 * 1 + 1e-4 * 2 + 1e-9 * 4 * 251_000      # one message, two keys
+    ring = 2 * 1e-4 + 251_000 * 4 / 1e9
+    compute = 0.01 + 0.1                                      # host around the device's hold
+    quiet = rows[("negligible_comm", "dist_ssgd")]
+    assert quiet["predicted_ms"] == pytest.approx(1e3 * (compute + worker + ring))
+    loaded = rows[("comm_equals_compute", "dist_ssgd")]
+    assert loaded["predicted_ms"] == pytest.approx(1e3 * (compute + worker + ring + 0.12))
+    ratio = rows[("comm_equals_compute", "ratio")]
+    hidden = compute + worker + max(ring + 0.12 - compute, 0.0)
+    assert ratio["predicted_ratio"] == pytest.approx((compute + worker + ring + 0.12) / hidden)
+    assert ratio["measured_ratio"] == pytest.approx(0.24 / 0.125)
+    assert ratio["error"] == pytest.approx(ratio["predicted_ratio"] / ratio["measured_ratio"] - 1)
+    assert ratio["measured_overlap"] == 0.95
+
+
 def test_placement_is_the_partitioners():
     profile = ModelProfile("p", [1000, 250_000, 30, 7])
     held = profile.placement(2, bigarray_bound=100_000)
@@ -213,6 +254,27 @@ def test_fit_recovers_exact_coefficients():
     f = fit({"one": np.ones(4), "x": x, "k": k}, 2.0 + 3.0 * x + 0.5 * k)
     assert f["one"] == pytest.approx(2.0) and f["x"] == pytest.approx(3.0)
     assert f["k"] == pytest.approx(0.5) and f["r2"] == pytest.approx(1.0)
+
+
+def test_a_relative_fit_keeps_a_small_intercept_under_proportional_noise():
+    # a message's cost (1e-4 s) beside keys costing up to 256 x 3e-5 s: 3% noise on every
+    # point, as run-to-run drift gives; the absolute fit lets the big points decide the
+    # intercept, the relative one reads it from the small points
+    keys = np.array([1, 2, 8, 8, 32, 64, 256, 256], dtype=float)
+    truth = 1e-4 + 3e-5 * keys
+    rng = np.random.default_rng(7)
+    spread = {"absolute": [], "relative": []}
+    for _ in range(40):
+        y = truth * (1 + 0.03 * rng.standard_normal(len(keys)))
+        for name, rel in (("absolute", False), ("relative", True)):
+            f = fit({"msg": np.ones(len(keys)), "per_key": keys}, y, nonnegative=True,
+                    relative=rel)
+            spread[name].append(f["msg"])
+    error = {k: np.median(np.abs(np.array(v) / 1e-4 - 1)) for k, v in spread.items()}
+    assert error["relative"] < 0.05
+    assert error["absolute"] > 2 * error["relative"]
+    exact = fit({"msg": np.ones(len(keys)), "per_key": keys}, truth, relative=True)
+    assert exact["msg"] == pytest.approx(1e-4) and exact["r2"] == pytest.approx(1.0)
 
 
 def test_kendall_tau_and_the_knee_by_hand():

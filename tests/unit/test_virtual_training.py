@@ -235,3 +235,38 @@ def test_agreement_rows_compare_medians_against_the_bounds():
     ssp = rows["SSP s=3"]     # 10% more iterations, 3 points; staleness ~0 on both agrees
     assert ssp["agrees"] == {"iterations": False, "staleness": True, "accuracy": False,
                              "time": True}
+
+
+def test_a_cluster_with_a_calibration_takes_the_planners_message_costs(tmp_path):
+    """``calibration:`` in a virtual cluster: the simulator gets the planner's latency,
+    service and apply times for this model, store and size (the same mapping predict's
+    simulator path uses); with latency beside it, or a missing file, a clear error."""
+    import json
+
+    from kvstore_ext.experiments import ConfigError, _cluster_options
+    from kvstore_ext.plan.model import Costs, simulator_delays
+    from kvstore_ext.virtual_training import message_costs
+    costs = Costs(worker_msg=1e-3, worker_key=1e-4, worker_byte=1e-9, server_msg=2e-3,
+                  server_key=1e-4, server_byte=1e-9, opt_key=1e-4, opt_param=1e-9,
+                  latency=1e-4, bandwidth=1e9)
+    sizes = [500, 20, 25000, 50, 400000, 500, 5000, 10]
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"coefficients": costs.to_dict(), "profiles": {
+        "lenet": {"key_sizes": sizes, "compute_fixed": 0.0, "compute_per_sample": 1e-4}}}))
+    params = sum(sizes)
+    worker = 1e-3 + 8 * 1e-4 + 4 * params * 1e-9
+    link = 2 * 1e-4 + 2 * 4 * params / 1e9
+    push = 2e-3 + 8 * 1e-4 + 4 * params * 1e-9
+    apply = 8 * 1e-4 + params * 1e-9
+    got = message_costs({"calibration": str(path)}, "lenet", "dist_asp", 8, 1, 64)
+    assert got == pytest.approx({"latency": worker + link, "service": push, "apply_time": apply})
+    psp = message_costs({"calibration": str(path)}, "lenet", "dist_psp", 8, 1, 64)
+    assert psp == pytest.approx(simulator_delays("dist_psp", worker + link, push, apply, 8))
+    assert psp["latency"] == pytest.approx(worker + link + 8 * push + apply)
+    assert message_costs({"latency": 0.004, "service": 0.001}, "lenet", "dist_bsp", 8, 1, 64) \
+        == {"latency": 0.004, "service": 0.001}
+    with pytest.raises(ValueError, match="plan calibrate"):
+        message_costs({"calibration": str(tmp_path / "none.json")}, "lenet", "dist_bsp", 8, 1, 64)
+    with pytest.raises(ConfigError, match="calibration .* or latency, not both"):
+        _cluster_options({"virtual": True, "device": "200ms", "calibration": str(path),
+                          "latency": 0.004}, "clusters.v", 1, 8)

@@ -107,7 +107,8 @@ class LaunchedJob:
             if p.pid in self.nodes or not p.mentions(self.marker):
                 continue
             name = os.path.basename(p.argv[0]) if p.argv else ""
-            if name in ("ssh", "mpirun", "orterun"):
+            # (the launcher's `mpirun --version` probe carries the marker too, but starts no node)
+            if name in ("ssh", "mpirun", "orterun") and p.argv[1:] != ["--version"]:
                 p.environ   # read now, while it runs
                 self.starters[p.pid] = p
             guard = table.get(p.ppid)

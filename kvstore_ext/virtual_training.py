@@ -17,7 +17,6 @@ bounded by the versions in flight.  The same seed gives the same weights, bit fo
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -414,14 +413,13 @@ def message_costs(opts: dict, model: str, store: str, workers: int, servers: int
     with one server and a server-wide policy), or with ``calibration`` the planner's model of
     this job on the calibrated machine (:func:`kvstore_ext.plan.model.message_delays`)."""
     if opts.get("calibration"):
+        from .plan.calibrate import load
         from .plan.model import message_delays
         path = opts["calibration"]
         if not os.path.exists(path):
             raise ValueError(f"calibration {path!r} does not exist: make it with "
                              f"'python -m kvstore_ext.plan calibrate --out {path}'")
-        with open(path) as f:
-            data = json.load(f)
-        return message_delays(data, model, store, workers, servers, batch)
+        return message_delays(load(path), model, store, workers, servers, batch)
     server_wide = servers == 1 and registry.lookup(store).policy is not None
     return {"latency": float(opts.get("latency", 0.0)),
             "service": float(opts.get("service", 0.0)) if server_wide else 0.0}

@@ -276,17 +276,22 @@ def measure_runtime(optimizer_fit: dict, sets=RUNTIME_SETS, rounds: int = 30,
     for name in sets:
         rs = runs[name]
         keys, elements = rs[0]["keys"], rs[0]["elements"]
-        opt = optimizer_fit["per_key"] * keys + optimizer_fit["per_param"] * elements
         server = statistics.median(r["servers"][0]["cpu_s"] / r["rounds"] for r in rs)
         rows.append({"set": name, "keys": keys, "bytes": BYTES_PER_PARAM * elements,
                      "round_s": statistics.median(r["seconds"] / r["rounds"] for r in rs),
                      "worker_cpu_s": statistics.median(r["comm_cpu_s"] / r["rounds"] for r in rs),
-                     "server_cpu_s": server, "server_push_cpu_s": server - opt})
-    return {"jobs": rows, **fit_runtime(rows)}
+                     "server_cpu_s": server})
+    return {"jobs": rows, **fit_runtime(rows, optimizer_fit)}
 
 
-def fit_runtime(rows: list[dict]) -> dict:
-    """The worker's and the server's CPU per message, key and byte from the runtime jobs."""
+def fit_runtime(rows: list[dict], optimizer_fit: dict) -> dict:
+    """The worker's and the server's CPU per message, key and byte from the runtime jobs; a
+    server's CPU per push is its CPU per round less the optimizer's (``optimizer_fit``), set
+    in each row as ``server_push_cpu_s``."""
+    for r in rows:
+        r["server_push_cpu_s"] = r["server_cpu_s"] - (
+            optimizer_fit["per_key"] * r["keys"]
+            + optimizer_fit["per_param"] * r["bytes"] / BYTES_PER_PARAM)
     ones = np.ones(len(rows))
     keys = np.array([r["keys"] for r in rows], dtype=float)
     nbytes = np.array([r["bytes"] for r in rows], dtype=float)
@@ -354,11 +359,7 @@ def refit(data: dict) -> dict:
     points by this version's fitting: two calibrations compare on the same method."""
     out = json.loads(json.dumps(data))
     out["optimizer"]["fit"] = fit_optimizer(out["optimizer"]["points"])
-    opt = out["optimizer"]["fit"]
-    for r in out["runtime"]["jobs"]:
-        r["server_push_cpu_s"] = r["server_cpu_s"] - (
-            opt["per_key"] * r["keys"] + opt["per_param"] * r["bytes"] / BYTES_PER_PARAM)
-    out["runtime"].update(fit_runtime(out["runtime"]["jobs"]))
+    out["runtime"].update(fit_runtime(out["runtime"]["jobs"], out["optimizer"]["fit"]))
     return with_coefficients(out)
 
 

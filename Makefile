@@ -97,17 +97,14 @@ bench-dcs3gd: setup
 	$(PY) scripts/bench_dcs3gd.py --trials 3 --out results/bench
 	$(PY) scripts/bench_dcs3gd.py --trials 3 --device-s 0.1 --batch-size 16 --out results/bench/device
 
-# the planner against a grid of real jobs: calibrate (twice: repeatability), then validate,
-# and score bench-dcs3gd's SSGD / DC-S3GD ratios (run first if missing) (about 35 minutes;
-# results/plan)
+# the planner against real jobs: calibrate (twice: repeatability), then validate: a grid of
+# parameter-server jobs, then SSGD against DC-S3GD on 2 Horovod workers, on the CPU and on a
+# simulated 100 ms device (about 40 minutes; results/plan)
 bench-plan: setup
 	$(PY) -m kvstore_ext.plan calibrate --out results/plan/calibration.json
 	$(PY) -m kvstore_ext.plan calibrate --out results/plan/calibration_repeat.json
 	$(PY) -m kvstore_ext.plan compare results/plan/calibration.json results/plan/calibration_repeat.json || true
 	$(PY) -m kvstore_ext.plan validate --trials 3 --out results/plan
-	test -f results/bench/dcs3gd.json -a -f results/bench/device/dcs3gd.json || $(MAKE) bench-dcs3gd
-	$(PY) -m kvstore_ext.plan validate-dcs3gd --bench results/bench/device/dcs3gd.json \
-	    --bench results/bench/dcs3gd.json --out results/plan
 
 # 1,024 virtual workers of LeNet on MNIST, every paradigm, in one process (results/virtual_mnist_1024)
 bench-virtual: setup

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from .registry import STORE_TYPES, StoreConfig, is_horovod
-from .devices import DeviceClock, parse_devices
+from .devices import DeviceClock, parse_devices, parse_pattern
 from .stragglers import parse_speeds
 
 TOP_KEYS = {"name", "description", "paper", "script", "args", "workers", "servers", "clusters",
@@ -27,13 +27,18 @@ TOP_KEYS = {"name", "description", "paper", "script", "args", "workers", "server
 #: ``patterns`` (a list of --straggler-pattern specs); ``virtual: true`` runs the cluster in
 #: virtual time in one process (:mod:`kvstore_ext.virtual_training`), with its own ``workers``,
 #: the ``latency`` and server ``service`` time of a message (seconds), ``eval_every``
-#: (virtual seconds between evaluations) and ``lr`` (the learning rate at this size, over
-#: the script's: the stores sum n workers' gradients), ``patience`` (end a run after this
-#: many evaluations below its best accuracy) and ``calibration`` (a ``plan calibrate`` JSON:
-#: the latency, service and apply times of the planner's model of this job, instead of
-#: ``latency`` and ``service``)
+#: (virtual seconds between evaluations) or ``eval_every_iterations`` (evaluate when worker 0
+#: completes every k-th iteration, as a launched run's ``--eval-interval``), ``lr`` (the
+#: learning rate at this size, over the script's: the stores sum n workers' gradients),
+#: ``patience`` (end a run after this many evaluations below its best accuracy),
+#: ``calibration`` (a ``plan calibrate`` JSON: the latency, service and apply times of the
+#: planner's model of this job, instead of ``latency`` and ``service``), and ``compute:
+#: calibration`` (iteration times from that calibration's compute of the model instead of
+#: ``device``; ``speeds`` scale them per worker, ``workers_per_host`` workers share a host)
 VIRTUAL_KEYS = {"virtual", "workers", "latency", "service", "eval_every", "lr", "patience",
-                "calibration"}
+                "calibration", "eval_every_iterations", "compute", "workers_per_host"}
+#: where a virtual cluster's iteration times can come from besides emulated devices
+COMPUTE_SOURCES = ("calibration",)
 CLUSTER_KEYS = {"speeds", "speed_jitter", "speed_seed", "delay_replies", "slow_server", "fault_seed",
                 "device", "device_model", "device_batch", "patterns"} | VIRTUAL_KEYS
 PARADIGM_KEYS = {"name", "kvstore", "params", "backend"}
@@ -104,6 +109,12 @@ class Experiment:
     def uses_devices(self, cluster: str) -> bool:
         """Whether a cluster emulates devices (``--device``) rather than worker speeds."""
         return "device" in self.cluster_options.get(cluster, {})
+
+    def times_iterations(self, cluster: str) -> bool:
+        """Whether a cluster says how long its workers' iterations take in virtual time:
+        emulated devices, or the planner's compute (``compute: calibration``)."""
+        opts = self.cluster_options.get(cluster, {})
+        return "device" in opts or "compute" in opts
 
     def device_clocks(self, cluster: str):
         """Each worker's :class:`~kvstore_ext.devices.DeviceClock`, as the cluster's workers build
@@ -253,10 +264,13 @@ def _cluster_options(entry: dict, at: str, servers: int, workers: int) -> dict:
         raise ConfigError(f"{at}: {virtual[0]} is for a virtual-time cluster (virtual: true)")
     _need(out.get("virtual", False) in (True, False), at,
           f"virtual must be true or false, got {out.get('virtual')!r}")
-    for key in ("workers", "patience"):
+    for key in ("workers", "patience", "eval_every_iterations", "workers_per_host"):
         value = out.get(key, 1)
         _need(isinstance(value, int) and not isinstance(value, bool) and value >= 1, at,
               f"{key} must be an integer >= 1, got {value!r}")
+    if "eval_every" in out and "eval_every_iterations" in out:
+        raise ConfigError(f"{at}: give eval_every (virtual seconds) or eval_every_iterations "
+                          f"(worker 0's iterations), not both")
     workers = out.get("workers", workers)
     for key, what in (("latency", "seconds"), ("service", "seconds"),
                       ("eval_every", "virtual seconds"), ("lr", "a learning rate")):
@@ -270,9 +284,30 @@ def _cluster_options(entry: dict, at: str, servers: int, workers: int) -> dict:
         if given:
             raise ConfigError(f"{at}: give calibration (the planner's message costs) or "
                               f"{given[0]}, not both")
-    device_keys = sorted(set(out) & {"device_model", "device_batch", "patterns"})
+    if "compute" in out:
+        _need(out["compute"] in COMPUTE_SOURCES, at,
+              f"compute must be calibration (the planner's compute of the model, from the "
+              f"calibration's profile), got {out['compute']!r}")
+        _need("calibration" in out, at,
+              "compute: calibration needs calibration (the 'plan calibrate' JSON it reads)")
+        if "device" in out:
+            raise ConfigError(f"{at}: give device (emulated devices) or compute "
+                              f"({out['compute']}), not both")
+    elif "workers_per_host" in out:
+        raise ConfigError(f"{at}: workers_per_host is for compute: calibration (how many "
+                          f"workers share a host, slowed by the calibration's interference)")
+    if out.get("virtual") is True:
+        _need("device" in out or "compute" in out, at,
+              "a virtual cluster needs device (emulated devices) or compute: calibration (the "
+              "planner's compute): its workers' iteration times")
+        if "speed_jitter" in out:
+            raise ConfigError(f"{at}: speed_jitter is for launched workers; a virtual cluster "
+                              f"varies its iteration times by patterns (jitter:J)")
+    device_keys = sorted(set(out) & {"device_model", "device_batch"})
     if device_keys and "device" not in out:
         raise ConfigError(f"{at}: {device_keys[0]} needs device (the emulated devices)")
+    if "patterns" in out and "device" not in out and "compute" not in out:
+        raise ConfigError(f"{at}: patterns needs device (the emulated devices) or compute")
     if "device" in out:
         if "speeds" in entry or "speed_jitter" in entry:
             raise ConfigError(f"{at}: give device (emulated devices) or speeds, not both")
@@ -282,6 +317,14 @@ def _cluster_options(entry: dict, at: str, servers: int, workers: int) -> dict:
             DeviceClock.for_cluster(str(out["device"]), [str(p) for p in patterns], workers,
                                     out.get("device_model"), int(out.get("device_batch", 128)),
                                     int(out.get("speed_seed", 0)))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{at}: {exc}") from None
+    elif "patterns" in out:
+        patterns = out["patterns"]
+        _need(isinstance(patterns, list), at, f"patterns must be a list, got {patterns!r}")
+        try:
+            for i, spec in enumerate(patterns):
+                parse_pattern(str(spec), 0, workers, int(out.get("speed_seed", 0)), i)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"{at}: {exc}") from None
     try:

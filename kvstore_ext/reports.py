@@ -55,6 +55,12 @@ def save_figure(fig, ax, title: str, path: str, legend_size=8) -> None:
     plt.close(fig)
 
 
+#: what the x keys of an accuracy curve's points are: (for a launched run, for a virtual one)
+AXES = {"time_s": ("training time (s)", "virtual time (s)"),
+        "step": ("iterations of worker 0 (its steps)",
+                 "iterations per worker (the job's pushes / n)")}
+
+
 def plot_accuracy(runs, rows, cluster, path, title, x="time_s", error=False):
     """Worker 0's (a virtual run: the servers') test accuracy, or top-1 error, of each
     paradigm's median trial against ``x`` (a key of the curve's points)."""
@@ -67,8 +73,7 @@ def plot_accuracy(runs, rows, cluster, path, title, x="time_s", error=False):
                 [1 - p["test_accuracy"] if error else p["test_accuracy"] for p in run["curve"]],
                 marker=".", label=row["paradigm"])
     virtual = any(r.get("virtual") for r in runs if r["cluster"] == cluster)
-    ax.set_xlabel(("virtual time (s)" if virtual else "training time (s)") if x == "time_s"
-                  else x)
+    ax.set_xlabel(AXES.get(x, (x, x))[virtual])
     whose = "servers' weights" if virtual else "worker 0"
     ax.set_ylabel(f"top-1 test error ({whose})" if error else f"test accuracy ({whose})")
     lows = [p["test_accuracy"] for r in runs if r["cluster"] == cluster for p in r["curve"]]

@@ -7,12 +7,15 @@
 Each run is a local job through launch.py (with the cluster's worker speeds or emulated
 devices; for the latter the table puts the simulator's iterations beside the measured ones),
 or, for a cluster with ``virtual: true`` (every cluster, with ``--virtual``), N virtual
-workers trained in virtual time in this process (:mod:`kvstore_ext.virtual_training`); runs are interleaved trial by trial so that drift of the machine hits every
-paradigm alike. Writes into --out (default results/<name>): runs.json (every
+workers trained in virtual time (:mod:`kvstore_ext.virtual_training`), in --jobs processes
+of one thread each, never while a job runs; launched runs are interleaved trial by trial so
+that drift of the machine hits every paradigm alike. Writes into --out (default
+results/<name>): runs.json (every
 run, with worker 0's accuracy curve), results.csv/.md (per cluster and
 paradigm: the median trial by final accuracy, its time to each target
 accuracy), accuracy_vs_time_<cluster>.png, accuracy_vs_epoch_<cluster>.png
-(when the curves carry epochs), for dist_psp runs test_error_vs_time_<cluster>.png,
+(when the curves carry epochs), accuracy_vs_iterations_<cluster>.png (against worker 0's
+steps, or a virtual run's pushes / n), for dist_psp runs test_error_vs_time_<cluster>.png,
 for DSSP runs dssp_threshold_<cluster>.png, for virtual runs staleness_<cluster>.png and, over
 virtual clusters <kind>_<n> of several sizes, time_to_<target>_vs_workers_<kind>.png. The table
 also gives, averaged over the trials, the running time (until the last worker is done), test
@@ -39,7 +42,7 @@ from kvstore_ext.policies.psp import resolve_min_pushes
 from kvstore_ext.reports import plot_accuracy, write_results
 from kvstore_ext.virtual_training import (agreement_columns, agreement_rows, cluster_kinds,
                                           iterations_text, plot_staleness, plot_time_to_target,
-                                          run_virtual)
+                                          run_virtual_runs)
 from gluon_trainers.straggler import read_device_logs, round_overhead, warm_up
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,8 +63,13 @@ def parse_args(argv=None):
                    help="only this paradigm, by its name in the config (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     p.add_argument("--virtual", action="store_true",
-                   help="run every cluster in virtual time, in this process (each needs "
-                        "device; python -m kvstore_ext.simulate --train does this)")
+                   help="run every cluster in virtual time (each needs device, or compute: "
+                        "calibration; python -m kvstore_ext.simulate --train does this)")
+    p.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0))
+                   if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+                   help="processes that run virtual runs side by side, one thread each "
+                        "(default: this machine's cores, %(default)s); the records are the "
+                        "same whatever the number")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: rebuild the table and plots from the runs.json already in "
                         "--out (for example after changing the config's targets)")
@@ -264,6 +272,46 @@ def decorate(rows, exp):
     return rows
 
 
+def run_plan(exp, plan, out: str, quick: bool, jobs: int) -> list[dict]:
+    """Every run of ``plan``, its record into ``out``/runs.json (in the plan's order) as it
+    ends: the virtual runs first, in ``jobs`` processes, then the launched ones one at a time
+    (a virtual run beside a job would take the cores the job is measured on)."""
+    records: dict[int, dict] = {}
+    bar = tqdm(total=len(plan), desc=exp.name, unit="run", disable=not plan)
+
+    def done(index: int, record: dict) -> None:
+        records[index] = record
+        with open(os.path.join(out, "runs.json"), "w") as f:
+            json.dump({"config": exp.path, "command": " ".join(sys.argv),
+                       "runs": [records[i] for i in sorted(records)]}, f)
+        tqdm.write(f"trial {record['trial']} {record['cluster']:<12} {record['paradigm']:<12} "
+                   f"final accuracy {record['final_accuracy']:.4f}, training "
+                   f"{record['train_time_s']:.1f} s, "
+                   f"iterations {iterations_text(record['iterations'])}")
+        bar.update(1)
+
+    virtual = [i for i, (_, cluster, _) in enumerate(plan) if exp.is_virtual(cluster)]
+    for k, record in run_virtual_runs(exp, [plan[i] for i in virtual], quick, jobs):
+        done(virtual[k], record)
+    for i, (trial, cluster, paradigm) in enumerate(plan):
+        if i not in records:
+            bar.set_postfix_str(f"trial {trial} {cluster} {paradigm.name}")
+            done(i, launched_run(exp, trial, cluster, paradigm, quick))
+    bar.close()
+    return [records[i] for i in sorted(records)]
+
+
+def cluster_title(exp, cluster: str) -> str:
+    """A plot's title: the experiment, the cluster and what its workers' speeds come from."""
+    opts = exp.cluster_options.get(cluster, {})
+    if exp.uses_devices(cluster):
+        return f"{exp.name}: {cluster} cluster, devices {opts['device']}"
+    if "compute" in opts:
+        return (f"{exp.name}: {cluster} cluster, {exp.workers_of(cluster)} workers, compute "
+                f"from {os.path.basename(opts['calibration'])}")
+    return f"{exp.name}: {cluster} cluster, speeds {exp.clusters[cluster]}"
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
@@ -271,13 +319,16 @@ def main(argv=None) -> int:
     except (ConfigError, OSError) as exc:
         print(f"reproduce.py: {exc}", file=sys.stderr)
         return 2
+    if args.jobs < 1:
+        print(f"reproduce.py: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
     if args.virtual:
         for name in exp.clusters:
             exp.cluster_options.setdefault(name, {})["virtual"] = True
-            if "device" not in exp.cluster_options[name]:
+            if not exp.times_iterations(name):
                 print(f"reproduce.py: cluster {name!r} of {args.config} names no device; a "
-                      f"virtual cluster takes its iteration times from emulated devices",
-                      file=sys.stderr)
+                      f"virtual cluster takes its iteration times from emulated devices "
+                      f"(device) or the planner (compute: calibration)", file=sys.stderr)
                 return 2
     clusters = args.cluster or list(exp.clusters)
     unknown = [c for c in clusters if c not in exp.clusters]
@@ -299,7 +350,7 @@ def main(argv=None) -> int:
         for trial, cluster, paradigm in plan:
             if exp.is_virtual(cluster):
                 print(f"# trial {trial}, cluster {cluster}, {paradigm.name}: "
-                      f"{exp.workers_of(cluster)} workers in virtual time, in this process")
+                      f"{exp.workers_of(cluster)} workers in virtual time, in a process")
                 print(shlex.join([sys.executable, "-m", "kvstore_ext.simulate", "--train",
                                   args.config, "--cluster", cluster, "--paradigm",
                                   paradigm.name, "--trials", str(trial + 1)]))
@@ -313,24 +364,11 @@ def main(argv=None) -> int:
         return 0
 
     os.makedirs(out, exist_ok=True)
-    runs = []
     if args.report_only:
         runs = [r for r in read_json(os.path.join(out, "runs.json"))["runs"]
                 if r["cluster"] in clusters]
-        plan = []
-    bar = tqdm(plan, desc=exp.name, unit="run", disable=not plan)
-    for trial, cluster, paradigm in bar:
-        bar.set_postfix_str(f"trial {trial} {cluster} {paradigm.name}")
-        if exp.is_virtual(cluster):
-            runs.append(run_virtual(exp, cluster, paradigm, trial, args.quick))
-        else:
-            runs.append(launched_run(exp, trial, cluster, paradigm, args.quick))
-        with open(os.path.join(out, "runs.json"), "w") as f:
-            json.dump({"config": exp.path, "command": " ".join(sys.argv), "runs": runs}, f)
-        last = runs[-1]
-        tqdm.write(f"trial {trial} {cluster:<12} {paradigm.name:<12} final accuracy "
-                   f"{last['final_accuracy']:.4f}, training {last['train_time_s']:.1f} s, "
-                   f"iterations {iterations_text(last['iterations'])}")
+    else:
+        runs = run_plan(exp, plan, out, args.quick, args.jobs)
 
     rows = summarise(runs, exp.targets)
     for row in rows:   # the median trial's largest lead at an OK (DSSP's log)
@@ -340,18 +378,18 @@ def main(argv=None) -> int:
     table = write_results(out, "results", rows, table_columns(exp))
     figures = []
     for cluster in clusters:
-        opts = exp.cluster_options.get(cluster, {})
-        title = (f"{exp.name}: {cluster} cluster, devices {opts['device']}"
-                 if exp.uses_devices(cluster) else
-                 f"{exp.name}: {cluster} cluster, speeds {exp.clusters[cluster]}")
+        title = cluster_title(exp, cluster)
         path = os.path.join(out, f"accuracy_vs_time_{cluster}.png")
         plot_accuracy(runs, rows, cluster, path, title)
         figures.append(path)
         points = [p for r in runs if r["cluster"] == cluster for p in r["curve"]]
-        if points and all("epoch" in p for p in points):
-            path = os.path.join(out, f"accuracy_vs_epoch_{cluster}.png")
-            plot_accuracy(runs, rows, cluster, path, title, x="epoch")
-            figures.append(path)
+        # both kinds of run record these with each evaluation: a launched run worker 0's
+        # epochs and steps, a virtual one the job's pushes / n and the epochs they make
+        for x, name in (("epoch", "epoch"), ("step", "iterations")):
+            if points and all(x in p for p in points):
+                path = os.path.join(out, f"accuracy_vs_{name}_{cluster}.png")
+                plot_accuracy(runs, rows, cluster, path, title, x=x)
+                figures.append(path)
         if any(p.kvstore == "dist_psp" for p in exp.paradigms):   # the PSP-SGD paper's figures
             path = os.path.join(out, f"test_error_vs_time_{cluster}.png")
             plot_accuracy(runs, rows, cluster, path, title, error=True)

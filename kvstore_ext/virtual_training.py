@@ -17,6 +17,7 @@ bounded by the versions in flight.  The same seed gives the same weights, bit fo
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -99,7 +100,7 @@ class VirtualTraining:
                  y_test, batch_size: int, make_optimizer, servers: int = 1,
                  bigarray_bound: int = 1_000_000, seed: int = 0, eval_every: float = 0.0,
                  max_iterations: int = 0, record_trace: bool = False, progress=None,
-                 patience: int = 0):
+                 patience: int = 0, eval_every_iterations: int = 0):
         import mxnet as mx
         from mxnet import gluon
         from .optimizers import ServerOptimizer
@@ -157,6 +158,9 @@ class VirtualTraining:
         self.record_trace = record_trace
         self.eval_every = eval_every
         self.next_eval = 0.0
+        # or when worker 0 is let go after every k-th iteration, as a launched run's worker 0
+        # snapshots its weights after every k-th step (its --eval-interval)
+        self.eval_every_iterations = eval_every_iterations
         self.max_iterations = max_iterations
         self.patience = patience      # evaluations without a new best accuracy that end the run
         self.stopped_early = False
@@ -169,9 +173,10 @@ class VirtualTraining:
     def blocks_per_server(self) -> list[int]:
         return [len(s.blocks) for s in self.servers]
 
-    def start(self, worker: int, held=None) -> None:
-        """``worker`` reads the weights: the servers' current ones, or (PSP) the versions in
-        ``held`` (one per server)."""
+    def start(self, worker: int, held=None, at: float | None = None) -> None:
+        """``worker`` reads the weights at virtual time ``at`` (default: the last event's):
+        the servers' current ones, or (PSP) the versions in ``held`` (one per server); worker
+        0 let go after its k-th iteration is a point of ``eval_every_iterations``' grid."""
         if held is None:
             chosen = [(s.version, s.snapshot) for s in self.servers]
         else:
@@ -184,6 +189,12 @@ class VirtualTraining:
             if state.optimizer.delay_aware:   # as the server's sent_weights tells it
                 for block, weight in zip(state.blocks, snap):
                     state.optimizer.pulled(block.key, weight, worker)
+        done = self.log.iterations[worker]
+        if worker == 0 and self.eval_every_iterations and done \
+                and done % self.eval_every_iterations == 0 and not self.stopped_early:
+            # stamped with the moment worker 0 is let go (after the server's queue); the
+            # servers' weights are the ones it reads then
+            self._record_evaluation(self.now if at is None else at)
 
     def push(self, worker: int, server: int = 0, accepted: bool = True) -> None:
         """``worker``'s gradient reaches ``server``: computed when it reaches the first one
@@ -231,16 +242,20 @@ class VirtualTraining:
         the run is over: ``max_iterations`` pushes made, or ``patience`` evaluations in a row
         below the best accuracy so far."""
         while self.eval_every and self.next_eval <= until and not self.stopped_early:
-            self.evaluate(self.next_eval)
+            self._record_evaluation(self.next_eval)
             self.next_eval += self.eval_every
-            accuracies = [e.accuracy for e in self.log.curve]
-            best = accuracies.index(max(accuracies))
-            behind = len(accuracies) - 1 - best
-            self.stopped_early = bool(self.patience) and behind >= self.patience
         if self.stopped_early:
             return False
         self.now = until
         return not (self.max_iterations and self.pushes >= self.max_iterations)
+
+    def _record_evaluation(self, at: float) -> None:
+        """Evaluate on the test set at ``at``; the run stops once ``patience`` evaluations in
+        a row are below the best so far."""
+        self.evaluate(at)
+        accuracies = [e.accuracy for e in self.log.curve]
+        behind = len(accuracies) - 1 - accuracies.index(max(accuracies))
+        self.stopped_early = bool(self.patience) and behind >= self.patience
 
     # -- the model -----------------------------------------------------------------------------
     def _batch(self, worker: int):
@@ -248,12 +263,25 @@ class VirtualTraining:
         set (its own shuffle, seeded by the run's seed and its rank)."""
         start = self.cursor[worker]
         order = self.orders[worker]
-        if order is None or start + self.batch_size > order.shape[0]:
+        if order is None:
+            self._first_shuffles()
+            order = self.orders[worker]
+        elif start + self.batch_size > order.shape[0]:
             order = self.orders[worker] = self.mx.nd.array(
                 self.rngs[worker].permutation(self.num_train))
             start = 0
         self.cursor[worker] = start + self.batch_size
         return order[start:start + self.batch_size]
+
+    def _first_shuffles(self) -> None:
+        """Every worker's first shuffle, sent to MXNet in one copy: a copy from numpy waits
+        for every operation queued before it, and one per worker stalls the engine n times."""
+        fresh = [w for w, order in enumerate(self.orders) if order is None]
+        orders = self.mx.nd.array(np.stack([self.rngs[w].permutation(self.num_train)
+                                            for w in fresh]))
+        for row, w in enumerate(fresh):
+            self.orders[w] = orders[row]
+            self.cursor[w] = 0
 
     def _load(self, reading) -> None:
         """Put the weights of ``reading`` (per server: version, block weights) into the net,
@@ -308,12 +336,21 @@ def _arg(args: dict, name: str, default):
     return default if value is None else value
 
 
+def run_args(exp, quick: bool = False) -> dict:
+    """The training script's arguments of ``exp`` (with ``quick``: its quick ones over them)."""
+    args = dict(exp.args)
+    if quick:
+        args.update(exp.quick)
+    return args
+
+
 def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
-                progress: bool = True) -> dict:
+                progress=None) -> dict:
     """One run of ``paradigm`` on ``exp``'s virtual ``cluster``, seeded by ``trial``: the
     record :func:`kvstore_ext.experiments.summarise` reads (as a launched run's), with the
     test accuracy of the servers' weights against virtual time, the staleness histogram and
-    each worker's iterations.
+    each worker's iterations.  ``progress(virtual seconds, pushes)`` is called as the run
+    goes (every 50 pushes).
 
     The training script's arguments give the model (``model``), ``batch-size``, ``lr`` (the
     cluster's ``lr`` over it),
@@ -324,19 +361,17 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
 
     import mxnet as mx
     from mxnet import gluon
-    from tqdm import tqdm
 
     from gluon_trainers.data import load_mnist
     from gluon_trainers.models import MODELS
     from .simulate import simulate
 
-    args = dict(exp.args)
-    if quick:
-        args.update(exp.quick)
+    args = run_args(exp, quick)
     opts = exp.cluster_options.get(cluster, {})
-    if "device" not in opts:
+    if not exp.times_iterations(cluster):
         raise ValueError(f"{exp.name}: virtual cluster {cluster!r} needs device (the devices "
-                         f"whose iteration times the virtual workers take)")
+                         f"whose iteration times the virtual workers take) or compute: "
+                         f"calibration (the planner's)")
     n = exp.workers_of(cluster)
     model = str(_arg(args, "model", "lenet"))
     if model not in MODELS:
@@ -361,25 +396,24 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
     optimizer.rescale_grad = trainer._scale / batch     # what trainer.step(batch) sets
     blob = pickle.dumps(optimizer)
     servers = exp.servers if registry.lookup(paradigm.kvstore).policy is None else 1
-    eval_every = float(opts.get("eval_every") or horizon / 20)
-    bar = tqdm(total=round(horizon, 1), unit="vs", desc=f"{cluster} {paradigm.name} n={n}",
-               disable=not progress, leave=False,
-               bar_format="{l_bar}{bar}| {n:.1f}/{total} virtual s [{elapsed}<{remaining}]")
+    every_iterations = int(opts.get("eval_every_iterations", 0))
+    eval_every = 0.0 if every_iterations else float(opts.get("eval_every") or horizon / 20)
 
     def moved(now: float, pushes: int) -> None:
         if pushes % 50 == 0:
-            bar.update(round(min(now, horizon) - bar.n, 1))
+            progress(now, pushes)
 
     vt = VirtualTraining(net, paradigm.kvstore, n, x_train, y_train, x_test, y_test, batch,
                          lambda: pickle.loads(blob), servers=servers, seed=trial,
-                         eval_every=eval_every, max_iterations=per_worker * n,
+                         eval_every=eval_every, eval_every_iterations=every_iterations,
+                         max_iterations=per_worker * n,
                          progress=moved if progress else None,
                          patience=int(opts.get("patience", 0)))
     t0 = time.perf_counter()
     blocks = vt.blocks_per_server() if servers > 1 else None
     result = simulate(paradigm.kvstore, paradigm.params, None, horizon,
-                      clocks=exp.device_clocks(cluster), servers=servers, blocks=blocks,
-                      trainer=vt, seed=trial,
+                      clocks=worker_clocks(exp, cluster, model, batch), servers=servers,
+                      blocks=blocks, trainer=vt, seed=trial,
                       **message_costs(opts, model, paradigm.kvstore, n, servers, batch))
     end = min(vt.now, horizon) if per_worker else horizon
     if vt.stopped_early:
@@ -387,7 +421,6 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
     vt.advance(end)
     if not vt.log.curve or vt.log.curve[-1].time < end:
         vt.evaluate(end)
-    bar.close()
     samples = len(x_train)
     curve = [{"time_s": e.time, "step": e.iterations / n, "iterations": e.iterations,
               "epoch": e.iterations * batch / samples, "test_accuracy": e.accuracy}
@@ -407,22 +440,163 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
             "train_start_wall": None, "wait_share": None}
 
 
+def read_calibration(path: str) -> dict:
+    """A ``plan calibrate`` JSON a virtual cluster names, or an error saying how to make it."""
+    from .plan.calibrate import load
+    if not os.path.exists(path):
+        raise ValueError(f"calibration {path!r} does not exist: make it with "
+                         f"'python -m kvstore_ext.plan calibrate --out {path}'")
+    return load(path)
+
+
+def worker_clocks(exp, cluster: str, model: str, batch: int) -> list:
+    """Each virtual worker's :class:`~kvstore_ext.devices.DeviceClock`: the cluster's emulated
+    devices, or with ``compute: calibration`` the planner's compute of ``model`` at ``batch``
+    on the calibrated machine (:meth:`~kvstore_ext.plan.model.ModelProfile.host_time`: the
+    host alone), slowed by the calibration's interference when ``workers_per_host`` workers
+    compute on one host (default 1: a host each), divided by each worker's speed (the
+    cluster's ``speeds``); the straggler patterns multiply either, draw for draw."""
+    opts = exp.cluster_options[cluster]
+    if opts.get("compute") != "calibration":
+        return exp.device_clocks(cluster)
+    from .devices import DeviceClock, parse_pattern
+    from .plan.model import Costs, ModelProfile
+    data = read_calibration(opts["calibration"])
+    seconds = float(ModelProfile.from_calibration(data, model).host_time(batch))
+    seconds *= float(Costs.from_calibration(data).interference_at(
+        int(opts.get("workers_per_host", 1))))
+    if not seconds > 0:
+        raise ValueError(f"calibration {opts['calibration']!r}: {model} computes a batch of "
+                         f"{batch} in {seconds} s; a virtual worker needs a time > 0")
+    n, seed = exp.workers_of(cluster), int(opts.get("speed_seed", 0))
+    patterns = [str(p) for p in opts.get("patterns", [])]
+    return [DeviceClock(seconds / speed, [parse_pattern(p, rank, n, seed, i)
+                                          for i, p in enumerate(patterns)])
+            for rank, speed in enumerate(exp.clusters[cluster])]
+
+
 def message_costs(opts: dict, model: str, store: str, workers: int, servers: int,
                   batch: int) -> dict:
     """What a virtual cluster adds per message: its ``latency`` and ``service`` (service only
     with one server and a server-wide policy), or with ``calibration`` the planner's model of
     this job on the calibrated machine (:func:`kvstore_ext.plan.model.message_delays`)."""
     if opts.get("calibration"):
-        from .plan.calibrate import load
         from .plan.model import message_delays
-        path = opts["calibration"]
-        if not os.path.exists(path):
-            raise ValueError(f"calibration {path!r} does not exist: make it with "
-                             f"'python -m kvstore_ext.plan calibrate --out {path}'")
-        return message_delays(load(path), model, store, workers, servers, batch)
+        return message_delays(read_calibration(opts["calibration"]), model, store, workers,
+                              servers, batch)
     server_wide = servers == 1 and registry.lookup(store).policy is not None
     return {"latency": float(opts.get("latency", 0.0)),
             "service": float(opts.get("service", 0.0)) if server_wide else 0.0}
+
+
+# -- runs in parallel processes ----------------------------------------------------------------
+
+#: a virtual run's process computes on one thread: fewer CPU-seconds per run than two threads
+#: here, and the same bits whatever the machine's cores (MXNet's OpenMP kernels split their
+#: sums by the number of threads: a run on two threads differs from one on one in the last bits)
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+class RunProgress:
+    """A tqdm bar of one virtual run: virtual seconds out of ``max-time``, or when the run
+    ends by ``max-steps``, iterations out of ``max-steps`` x n."""
+
+    def __init__(self, exp, cluster: str, paradigm, quick: bool):
+        from tqdm import tqdm
+        args = run_args(exp, quick)
+        n = exp.workers_of(cluster)
+        per_worker = int(_arg(args, "max-steps", 0))
+        self.by_pushes = bool(per_worker)
+        total = per_worker * n if per_worker else round(float(_arg(args, "max-time", 60.0)), 1)
+        unit = "{n:.0f}/{total} iterations" if self.by_pushes else "{n:.1f}/{total} virtual s"
+        self.bar = tqdm(total=total, desc=f"{cluster} {paradigm.name} n={n}", leave=False,
+                        bar_format="{l_bar}{bar}| " + unit + " [{elapsed}<{remaining}]")
+
+    def moved(self, now: float, pushes: int) -> None:
+        done = pushes if self.by_pushes else round(now, 1)
+        self.bar.update(min(done, self.bar.total) - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+_progress_queue = None     # in a run's process: where it reports (plan index, now, pushes)
+
+
+def _start_process(queue) -> None:
+    global _progress_queue
+    _progress_queue = queue
+
+
+def _run_in_process(index: int, exp, cluster: str, paradigm, trial: int, quick: bool) -> dict:
+    def report(now: float, pushes: int) -> None:
+        _progress_queue.put((index, now, pushes))
+    return run_virtual(exp, cluster, paradigm, trial, quick, progress=report)
+
+
+@contextlib.contextmanager
+def _environment(variables: dict):
+    """``os.environ`` with ``variables`` set, as it was afterwards."""
+    saved = {k: os.environ.get(k) for k in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def run_virtual_runs(exp, plan, quick: bool = False, jobs: int = 1, progress: bool = True):
+    """Run the ``(trial, cluster, paradigm)`` of ``plan`` (virtual clusters) in ``jobs``
+    processes, each on one thread (:data:`ONE_THREAD`); yield ``(index in plan, record)`` as
+    each run ends.  Runs are independent and seeded by their trial, so the records are the
+    same bits whatever ``jobs`` is and whichever process a run lands in; a bar per running
+    run shows its progress (:class:`RunProgress`)."""
+    import multiprocessing
+    import queue as queues
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    if not plan:
+        return
+    context = multiprocessing.get_context("spawn")
+    reports = context.Queue()
+    # the processes start (and import MXNet) within submit: they take this environment
+    with _environment(ONE_THREAD):
+        pool = ProcessPoolExecutor(min(jobs, len(plan)), mp_context=context,
+                                   initializer=_start_process, initargs=(reports,))
+        index_of = {pool.submit(_run_in_process, i, exp, cluster, paradigm, trial, quick): i
+                    for i, (trial, cluster, paradigm) in enumerate(plan)}
+    bars: dict[int, RunProgress] = {}
+    finished: set[int] = set()
+
+    def show_reports() -> None:
+        while True:
+            try:
+                i, now, pushes = reports.get_nowait()
+            except queues.Empty:
+                return
+            if progress and i not in bars and i not in finished:
+                _, cluster, paradigm = plan[i]
+                bars[i] = RunProgress(exp, cluster, paradigm, quick)
+            if i in bars:
+                bars[i].moved(now, pushes)
+    try:
+        pending = set(index_of)
+        while pending:
+            done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+            show_reports()
+            for future in sorted(done, key=index_of.get):
+                i = index_of[future]
+                finished.add(i)
+                if i in bars:
+                    bars.pop(i).close()
+                yield i, future.result()
+    finally:   # all done, or a run failed: the runs not started are dropped
+        pool.shutdown(wait=False, cancel_futures=True)
+        for bar in bars.values():
+            bar.close()
 
 
 def plot_staleness(runs: list[dict], rows: list[dict], cluster: str, path: str, title: str) -> bool:

@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from .model import BYTES_PER_PARAM
+from .timing import timed
 
 
 def fit(columns: dict, y, nonnegative: bool = False, relative: bool = False) -> dict:
@@ -58,19 +59,6 @@ def fit(columns: dict, y, nonnegative: bool = False, relative: bool = False) -> 
     return {**{k: float(c) for k, c in zip(names, coef)}, "r2": r2, "points": len(y)}
 
 
-def _timed(fn, reps: int, warmup: int = 3) -> float:
-    """Median seconds of ``fn()`` over ``reps`` calls, after ``warmup`` untimed ones (MXNet
-    allocates its memory pools in the first calls)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def layers_of(net) -> list:
     """The layers a network runs in order: a GluonCV CIFAR network's ``features`` then
     ``output``, a Sequential's children, else the network whole."""
@@ -80,7 +68,8 @@ def layers_of(net) -> list:
     return children or [net]
 
 
-def measure_compute(model: str, batch_sizes=(8, 16, 32, 64, 128), reps: int = 7) -> dict:
+def measure_compute(model: str, batch_sizes=(8, 16, 32, 64, 128), passes: int = 3,
+                    reps: int = 3) -> dict:
     """Per-layer and whole-network forward + backward seconds against the batch size."""
     import mxnet as mx
     from mxnet import autograd, gluon
@@ -91,18 +80,17 @@ def measure_compute(model: str, batch_sizes=(8, 16, 32, 64, 128), reps: int = 7)
     net(x1)
     layers = layers_of(net)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    per_layer = {i: [] for i in range(len(layers))}
-    whole, activations = [], 0.0
+    steps, activations = {}, 0.0
     for b in batch_sizes:
         x = mx.nd.random.uniform(shape=(b,) + x1.shape[1:])
         y = mx.nd.array(np.random.randint(0, 10, b))
 
-        def step():
+        def step(x=x, y=y):
             with autograd.record():
                 loss = loss_fn(net(x), y)
             loss.backward()
             mx.nd.waitall()
-        whole.append(_timed(step, reps))
+        steps[("whole", b)] = step
         h = x
         for i, layer in enumerate(layers):
             inp = h.copy()
@@ -113,10 +101,13 @@ def measure_compute(model: str, batch_sizes=(8, 16, 32, 64, 128), reps: int = 7)
                     out = layer(inp)
                 out.backward(mx.nd.ones_like(out))
                 mx.nd.waitall()
-            per_layer[i].append(_timed(one, reps))
+            steps[(i, b)] = one
             h = layer(h)
             if b == batch_sizes[0]:
                 activations += h.size / b
+    seconds = timed(steps, passes, reps)
+    whole = [seconds[("whole", b)] for b in batch_sizes]
+    per_layer = {i: [seconds[(i, b)] for b in batch_sizes] for i in range(len(layers))}
     bs = np.asarray(batch_sizes, dtype=float)
     # a free intercept: a small negative one is what a straight line through these points
     # has, and forcing it to zero would tilt the slope (ModelProfile.host_time floors at 0)
@@ -138,10 +129,11 @@ def measure_compute(model: str, batch_sizes=(8, 16, 32, 64, 128), reps: int = 7)
 
 
 _PROBE = r"""
-import sys, time, statistics
+import sys, time
 sys.path.insert(0, {root!r})
 import mxnet as mx
 from mxnet import autograd, gluon
+from kvstore_ext.plan.timing import trimmed_mean
 from kvstore_ext.plan.jobs import build
 net, x1 = build({model!r}); net.initialize(); net(x1)
 x = mx.nd.random.uniform(shape=({batch},) + x1.shape[1:]); y = mx.nd.zeros(({batch},))
@@ -151,44 +143,55 @@ def step():
         loss = loss_fn(net(x), y)
     loss.backward(); mx.nd.waitall()
 for _ in range(3): step()
-print("ready", flush=True); sys.stdin.readline()
-times = []
-end = time.perf_counter() + {seconds}
-while time.perf_counter() < end:
-    t0 = time.perf_counter(); step(); times.append(time.perf_counter() - t0)
-print(statistics.median(times), flush=True)
+print("ready", flush=True)
+for line in sys.stdin:
+    if line.strip() != "go":
+        break
+    times = []
+    end = time.perf_counter() + {seconds}
+    while time.perf_counter() < end:
+        t0 = time.perf_counter(); step(); times.append(time.perf_counter() - t0)
+    print(trimmed_mean(times), flush=True)
 """
 
 
 def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4, 8),
-                         seconds: float = 3.0) -> dict:
-    """The median compute time per iteration when k processes compute at once, over the
-    time of one process alone measured just before (so that drift cancels)."""
+                         seconds: float = 2.0, rounds: int = 5) -> dict:
+    """The slow-down of one process's compute when k processes compute at once: k probe
+    processes are started once, then, ``rounds`` times, the first computes alone and all k
+    together; the factor is the median of each round's together / alone, so drift between
+    rounds cancels."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = _PROBE.format(root=root, model=model, batch=batch, seconds=seconds)
     env = dict(os.environ)    # the threads a job's workers get (launch.py leaves them as they are)
 
-    def together(k: int) -> float:
+    def run(procs) -> list[float]:
+        for p in procs:          # all start together
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        return [float(p.stdout.readline()) for p in procs]
+
+    together, alone, factor = {}, {}, {}
+    for k in counts:
         procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, env=env) for _ in range(k)]
         try:
             for p in procs:
                 if p.stdout.readline().strip() != "ready":
                     raise RuntimeError(f"an interference probe of {model} failed to start")
-            for p in procs:          # all start together
-                p.stdin.write("go\n")
-                p.stdin.flush()
-            return statistics.median(float(p.stdout.readline()) for p in procs)
+            pairs = []
+            for _ in range(rounds if k > 1 else 1):
+                one = run(procs[:1])[0]
+                pairs.append((one, statistics.median(run(procs)) if k > 1 else one))
         finally:
             for p in procs:
                 p.kill()
                 p.wait()
-    medians, alone = {}, {}
-    for k in counts:
-        alone[k] = together(1)
-        medians[k] = alone[k] if k == 1 else together(k)
-    return {"model": model, "batch": batch, "seconds": medians, "alone_seconds": alone,
-            "factor": {k: medians[k] / alone[k] for k in counts}}
+        alone[k] = statistics.median(a for a, _ in pairs)
+        together[k] = statistics.median(t for _, t in pairs)
+        factor[k] = statistics.median(t / a for a, t in pairs)
+    return {"model": model, "batch": batch, "seconds": together, "alone_seconds": alone,
+            "factor": factor}
 
 
 _ECHO = r"""
@@ -202,10 +205,13 @@ while True:
 """
 
 
-def measure_wire(sizes=(1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22, 1 << 23), reps: int = 20,
-                 latency_reps: int = 300) -> dict:
-    """One-way latency (the median of many 64-byte round trips, halved) and bandwidth (the
-    slope of the one-way time against the size) to an echo process on 127.0.0.1 over ZeroMQ."""
+def measure_wire(sizes=(1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22, 1 << 23),
+                 passes: int = 5, reps: int = 8, latency_block: int = 25) -> dict:
+    """One-way latency (64-byte round trips, halved) and bandwidth (the slope of the one-way
+    time against the size, 1 KB to 8 MB) to an echo process on 127.0.0.1 over ZeroMQ; sizes
+    interleaved pass after pass, each the trimmed mean of its round trips.  Larger messages
+    leave the L3 cache and cross loopback several times slower per byte here (32 MB: 1.8
+    against 4.8 GB/s): the bandwidth is that of messages of up to a few MB."""
     import zmq
     echo = subprocess.Popen([sys.executable, "-c", _ECHO], stdout=subprocess.PIPE, text=True)
     ctx = zmq.Context()
@@ -213,42 +219,49 @@ def measure_wire(sizes=(1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22, 1 << 23), r
     try:
         sock.connect(f"tcp://127.0.0.1:{int(echo.stdout.readline())}")
 
-        def round_trip(buf):
+        def round_trips(buf, count: int = 1):
             def rt():
-                sock.send(buf, copy=False)
-                sock.recv(copy=False)
+                for _ in range(count):
+                    sock.send(buf, copy=False)
+                    sock.recv(copy=False)
             return rt
-        latency = _timed(round_trip(b"x" * 64), latency_reps) / 2
-        one_way = [_timed(round_trip(np.ones(size, dtype=np.uint8)), reps) / 2 for size in sizes]
+        fns = {0: round_trips(b"x" * 64, latency_block)}
+        fns.update({size: round_trips(np.ones(size, dtype=np.uint8)) for size in sizes})
+        seconds = timed(fns, passes, reps)
         sock.send(b"")
     finally:
         sock.close(0)
         ctx.term()
         echo.wait(10)
+    latency = seconds[0] / latency_block / 2
+    one_way = [seconds[size] / 2 for size in sizes]
     f = fit({"latency": np.ones(len(sizes)), "per_byte": np.asarray(sizes, dtype=float)}, one_way,
-            nonnegative=True)
+            nonnegative=True, relative=True)
     return {"sizes": list(sizes), "one_way_s": one_way, "fit": f, "latency": latency,
             "bandwidth": 1.0 / max(f["per_byte"], 1e-12)}
 
 
-def measure_optimizer(reps: int = 7) -> dict:
-    """MXNet's momentum SGD updater (the servers' ``get_updater``) over k keys of m elements."""
+def measure_optimizer(passes: int = 3, reps: int = 3) -> dict:
+    """The servers' optimizer (:class:`~kvstore_ext.optimizers.ServerOptimizer` with MXNet's
+    momentum SGD, one round's keys in one call) over k keys of m elements."""
     import mxnet as mx
-    rows = []
+    from ..optimizers import ServerOptimizer
+    applies = {}
     for keys in (8, 64, 256):
         for size in (1_000, 16_000, 100_000):
             if keys * size > 8_000_000:
                 continue
-            updater = mx.optimizer.get_updater(mx.optimizer.SGD(
-                learning_rate=0.01, momentum=0.9, wd=1e-4))
+            opt = ServerOptimizer(mx.optimizer.SGD(learning_rate=0.01, momentum=0.9, wd=1e-4),
+                                  "dist_bsp", asynchronous=False)
             ws = [mx.nd.ones((size,)) for _ in range(keys)]
             gs = [mx.nd.ones((size,)) for _ in range(keys)]
-            idx = list(range(keys))
 
-            def apply():
-                updater(idx, gs, ws)
+            def apply(opt=opt, ws=ws, gs=gs, idx=tuple(range(keys))):
+                opt.apply(idx, gs, ws)
                 mx.nd.waitall()
-            rows.append((keys, keys * size, _timed(apply, reps)))
+            applies[(keys, keys * size)] = apply
+    seconds = timed(applies, passes, reps)
+    rows = [(k, p, t) for (k, p), t in seconds.items()]
     return {"points": [list(r) for r in rows], "fit": fit_optimizer(rows)}
 
 
@@ -264,7 +277,7 @@ RUNTIME_SETS = ("lenet", "cifar_resnet20_v1", "256x1024", "64x4096", "32x16384",
 
 
 def measure_runtime(optimizer_fit: dict, sets=RUNTIME_SETS, rounds: int = 30,
-                    repeats: int = 3) -> dict:
+                    repeats: int = 5) -> dict:
     """Worker CPU per round and server CPU per push in real 1 x 1 ``dist_bsp`` jobs (the
     median of ``repeats`` jobs per set, interleaved)."""
     from .jobs import run_job
@@ -302,13 +315,19 @@ def fit_runtime(rows: list[dict], optimizer_fit: dict) -> dict:
 
 
 #: ``calibrate --quick``: fewer, shorter measurements, to check the pipeline (not for figures)
-QUICK = {"interference_counts": (1, 2), "runtime_sets": ("lenet", "256x1024", "32x65536", "8x100"),
-         "repeats": 1, "rounds": 15, "batch_sizes": (16, 64), "reps": 2}
+QUICK = {"compute": {"batch_sizes": (16, 64), "passes": 1, "reps": 2},
+         "interference": {"counts": (1, 2), "seconds": 1.0, "rounds": 1},
+         "wire": {"passes": 2, "reps": 3},
+         "optimizer": {"passes": 1, "reps": 2},
+         "runtime": {"sets": ("lenet", "256x1024", "32x65536", "8x100"), "repeats": 1,
+                     "rounds": 15}}
 
 
 def measure_allreduce(workers: int = 2) -> dict | None:
     """Gloo's ring allreduce in a real 2-worker Horovod job: ``2(n-1)`` steps of latency and
-    ``2(n-1)/n`` of the bytes, fitted over 4 KB to 8 MB; None without Horovod."""
+    ``2(n-1)/n`` of the bytes, fitted over 64 KB to 8 MB (``jobs.ALLREDUCE_SIZES``) on relative
+    residuals (the small sizes then decide the latency, the large ones the bandwidth); None
+    without Horovod."""
     try:
         import horovod.mxnet  # noqa: F401
     except ImportError:
@@ -319,7 +338,8 @@ def measure_allreduce(workers: int = 2) -> dict | None:
     nbytes = np.array([BYTES_PER_PARAM * k for k in sizes], dtype=float)
     steps = 2 * (workers - 1)
     f = fit({"latency": np.full(len(sizes), float(steps)),
-             "per_byte": nbytes * steps / workers}, [seconds[k] for k in sizes], nonnegative=True)
+             "per_byte": nbytes * steps / workers}, [seconds[k] for k in sizes], nonnegative=True,
+            relative=True)
     return {"workers": workers, "bytes": nbytes.tolist(), "seconds": [seconds[k] for k in sizes],
             "fit": f, "latency": f["latency"], "bandwidth": 1.0 / max(f["per_byte"], 1e-12)}
 
@@ -327,26 +347,21 @@ def measure_allreduce(workers: int = 2) -> dict | None:
 def calibrate(models=("lenet", "cifar_resnet20_v1"), interference_counts=(1, 2, 4, 8),
               progress=None, quick: bool = False) -> dict:
     """Every measurement, the fits and the model's coefficients, as one JSON-ready dict."""
-    if quick:
-        interference_counts = QUICK["interference_counts"]
     say = progress or (lambda name: None)
     out = {"machine": {"host": platform.node(), "cores": os.cpu_count(),
                        "python": platform.python_version(), "when": time.strftime("%Y-%m-%d %H:%M:%S")}}
+    quick_args = QUICK if quick else {}
     say("compute")
-    out["compute"] = {m: measure_compute(m, **({"batch_sizes": QUICK["batch_sizes"],
-                                                "reps": QUICK["reps"]} if quick else {}))
-                      for m in models}
+    out["compute"] = {m: measure_compute(m, **quick_args.get("compute", {})) for m in models}
     say("interference")
-    out["interference"] = measure_interference(counts=interference_counts,
-                                               seconds=1.0 if quick else 3.0)
+    out["interference"] = measure_interference(**{"counts": interference_counts,
+                                                  **quick_args.get("interference", {})})
     say("wire")
-    out["wire"] = measure_wire()
+    out["wire"] = measure_wire(**quick_args.get("wire", {}))
     say("optimizer")
-    out["optimizer"] = measure_optimizer()
+    out["optimizer"] = measure_optimizer(**quick_args.get("optimizer", {}))
     say("runtime")
-    out["runtime"] = measure_runtime(out["optimizer"]["fit"], **(
-        {"sets": QUICK["runtime_sets"], "repeats": QUICK["repeats"], "rounds": QUICK["rounds"]}
-        if quick else {}))
+    out["runtime"] = measure_runtime(out["optimizer"]["fit"], **quick_args.get("runtime", {}))
     out["quick"] = quick
     if not quick:
         say("allreduce")

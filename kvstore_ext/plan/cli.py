@@ -120,53 +120,79 @@ def cmd_predict(args) -> int:
 
 
 def cmd_search(args) -> int:
-    from .search import Space, evaluate, knees, rank, recheck
+    from ..devices import count_devices
+    from .search import Simulations, Space, evaluate, knees, known_samples, rank, recheck
     profile, costs, options = _model_inputs(args)
     if args.cores:
         costs.cores = args.cores
     batches = tuple(int(b) for b in args.batch_sizes.split(","))
-    device = {b: _device_seconds(args.device, 1, args.model, b, args.device_batch)[0]
-              for b in batches} \
-        if args.device else {}
-    space = Space(workers=tuple(range(1, args.max_workers + 1)),
+    try:
+        pool = count_devices(args.device) if args.device else 1
+    except ValueError:
+        pool = 1                     # _device_seconds names the mistake
+
+    def device_at(batch):
+        """One device for every worker, or the pool's machines (n workers take the n fastest)."""
+        times = _device_seconds(args.device, pool, args.model, batch, args.device_batch)
+        return tuple(times) if pool > 1 else times[0]
+    space = Space(workers=tuple(range(1, (min(args.max_workers, pool) if pool > 1
+                                          else args.max_workers) + 1)),
                   servers=tuple(int(s) for s in args.servers.split(",")), batch_sizes=batches,
-                  stores=tuple(args.stores.split(",")),
+                  stores=args.stores,
                   colocate=(False, True) if args.colocate == "both" else (args.colocate == "yes",),
                   machines=args.machines,
                   memory_bytes=args.memory_gb * 2 ** 30 if args.memory_gb else None,
-                  device_ms_at=device)
+                  device_ms_at={b: device_at(b) for b in batches} if args.device else {},
+                  params={"dist_ssp": args.staleness, "dist_dssp": args.dssp_bounds,
+                          "dist_psp": args.psp})
     t0 = time.perf_counter()
     result = evaluate(profile, costs, space, dataset_size=args.dataset_size, **options)
     seconds = time.perf_counter() - t0
-    top = rank(result, args.top, merge_stores=True)
+    simulations = Simulations(profile, costs, space, result)
+    top = rank(result, args.top, merge_stores=True, simulate=simulations,
+               max_staleness=args.max_staleness)
+    knee = knees(result, simulate=simulations)
     checked = recheck(profile, costs, top, space, **options)
-    knee = knees(result)
+    bounded = int((result["fits"] & ~result["exact"]).sum())
     print(f"{space.size():,} configurations evaluated in {seconds:.2f} s, "
           f"{int(result['fits'].sum()):,} within {args.machines} machines"
           + (f" and {args.memory_gb} GiB" if args.memory_gb else ""))
-    print(f"{'#':>2} {'store':<26} {'n':>4} {'s':>3} {'servers on':<10} {'batch':>5} "
-          f"{'ms/iter':>8} {'samples/s':>10} {'epoch s':>8} {'sim':>6}  bottleneck")
+    if bounded:
+        print(f"{bounded:,} paced by the policy (bounded, then simulated best bound first): "
+              f"{len(simulations.done):,} simulated for an exact top {args.top} and knees")
+    if args.max_staleness is not None:
+        print(f"ranked: mean staleness <= {args.max_staleness:g} only")
+    width = max([26] + [len(r["label"]) for r in checked])
+    print(f"{'#':>2} {'store':<{width}} {'n':>4} {'s':>3} {'servers on':<10} {'batch':>5} "
+          f"{'ms/iter':>8} {'samples/s':>10} {'epoch s':>8} {'stale':>6} {'drop':>5} {'sim':>6}  "
+          f"bottleneck")
     for i, r in enumerate(checked, 1):
-        stores = " = ".join(st.replace("dist_", "") for st in r["stores"])
-        print(f"{i:>2} {stores:<26} {r['workers']:>4} {r['servers']:>3} "
+        stale = "-" if r["staleness"] is None else f"{r['staleness']:.1f}"
+        sim = "(sim)" if r["method"] == "simulator" else f"{r['simulator_vs_model']:+.1%}"
+        print(f"{i:>2} {r['label']:<{width}} {r['workers']:>4} {r['servers']:>3} "
               f"{'workers' if r['colocated'] else 'own hosts':<10} {r['batch_size']:>5} "
               f"{r['seconds_per_iteration'] * 1e3:>8.1f} {r['samples_per_s']:>10.0f} "
-              f"{r['epoch_s']:>8.1f} {r['simulator_vs_model']:>+6.1%}  {r['bottleneck']}")
+              f"{r['epoch_s']:>8.1f} {stale:>6} {r['dropped']:>5.0%} {sim:>6}  {r['bottleneck']}")
     for store, k in knee.items():
         print(f"knee of {store}: {k['knee']} workers (one more adds < 5% samples/s)")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "search.json"), "w") as f:
             json.dump({"command": " ".join(sys.argv), "seconds": seconds, "top": checked,
-                       "knees": knee, "evaluated": space.size()}, f, indent=1)
-        for path in plot_search(result, knee, checked, args.out):
+                       "knees": knee, "evaluated": space.size(), "bounded": bounded,
+                       "simulated": len(simulations.done),
+                       "max_staleness": args.max_staleness}, f, indent=1)
+        for path in plot_search(result, knee, checked, args.out,
+                                known_samples(result, simulations)):
             print(f"wrote {path}")
     return 0
 
 
-def plot_search(result: dict, knee: dict, top: list[dict], out_dir: str) -> list[str]:
+def plot_search(result: dict, knee: dict, top: list[dict], out_dir: str,
+                samples=None) -> list[str]:
     """throughput against n per store with the knee, an n x s heat map of the best store, and
-    the time breakdown of the top configurations."""
+    the time breakdown of the top configurations; ``samples``: each configuration's samples/s
+    where known (NaN for a bound not simulated; default the result's)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -184,13 +210,15 @@ def plot_search(result: dict, knee: dict, top: list[dict], out_dir: str) -> list
     ax.legend(fontsize=7)
     paths.append(save_figure(fig, out_dir, "search_throughput.png"))
 
+    samples = result["samples_per_s"] if samples is None else samples
     ns, ss = np.unique(result["workers"]), np.unique(result["servers"])
     heat = np.full((len(ss), len(ns)), np.nan)
     for i, s in enumerate(ss):
         for j, n in enumerate(ns):
-            m = result["fits"] & (result["workers"] == n) & (result["servers"] == s)
+            m = (result["fits"] & (result["workers"] == n) & (result["servers"] == s)
+                 & ~np.isnan(samples))
             if m.any():
-                heat[i, j] = result["samples_per_s"][m].max()
+                heat[i, j] = samples[m].max()
     fig, ax = plt.subplots(figsize=(6, 3.2))
     im = ax.imshow(heat, aspect="auto", origin="lower", cmap="viridis")
     ax.set_xticks(range(0, len(ns), max(1, len(ns) // 8)))
@@ -203,12 +231,9 @@ def plot_search(result: dict, knee: dict, top: list[dict], out_dir: str) -> list
     paths.append(save_figure(fig, out_dir, "search_heatmap.png"))
 
     fig, ax = plt.subplots(figsize=(6, 3.4))
-    labels = [f"{r['store'][5:]} {r['workers']}x{r['servers']} b{r['batch_size']}" for r in top]
+    labels = [f"{r['label']} {r['workers']}x{r['servers']} b{r['batch_size']}" for r in top]
     bottom = np.zeros(len(top))
-    idx = [int(np.flatnonzero((result["workers"] == r["workers"]) & (result["servers"] == r["servers"])
-                              & (result["batch_size"] == r["batch_size"])
-                              & (result["store"] == r["store"])
-                              & (result["colocated"] == r["colocated"]))[0]) for r in top]
+    idx = [r["index"] for r in top]
     for name in BOTTLENECKS:
         vals = np.array([result["parts"][name][i] * 1e3 for i in idx])
         ax.bar(range(len(top)), vals, bottom=bottom, label=name)
@@ -239,9 +264,17 @@ def cmd_compare(args) -> int:
 
 
 def cmd_validate(args) -> int:
+    import importlib.util
     from tqdm import tqdm
     from . import validate as v
     from .calibrate import calibrate
+    from .dcs3gd_jobs import Setting, load_measured, measure, save_measured
+    settings = [] if args.no_dcs3gd or args.measured else [
+        Setting.for_device(float(d), args.trials, args.dcs3gd_steps, args.dcs3gd_warmup)
+        for d in args.dcs3gd_device_s.split(",")]
+    if settings and importlib.util.find_spec("horovod") is None:   # say so before any job
+        raise SystemExit("validate: the DC-S3GD jobs need horovod (make setup installs it); "
+                         "--no-dcs3gd leaves them out")
     if args.calibrate or not os.path.exists(args.calibration):
         print(f"calibrating into {args.calibration} first")
         data = calibrate()
@@ -255,45 +288,64 @@ def cmd_validate(args) -> int:
         cases = [v.Case(r["model"], r["workers"], r["servers"], r["store"], r["device"],
                         r["host_compute"]) for r in earlier]
         measured = {c: r["trials_s"] for c, r in zip(cases, earlier)}
-        return report(v, cases, measured, data, args)
+        kept = [] if args.no_dcs3gd else load_measured(args.measured)
+        return report(v, cases, measured, data, args, kept)
     cases = v.grid(models=tuple(args.models.split(",")),
                    clusters=tuple(tuple(int(x) for x in c.split("x")) for c in args.clusters.split(",")),
                    stores=tuple(args.stores.split(",")), devices=tuple(args.devices.split(",")),
                    mixed=not args.no_mixed)
     if args.max_cases:
         cases = cases[:args.max_cases]
-    with tqdm(total=len(cases) * args.trials, desc="validate", disable=None) as bar:
+    jobs = len(cases) * args.trials + sum(s.jobs() for s in settings)
+    with tqdm(total=jobs, desc="validate", disable=None) as bar:
         measured = v.run(cases, args.trials, args.rounds, args.warmup,
                          progress=lambda c: bar.update(1))
-    return report(v, cases, measured, data, args)
+        dcs3gd = [(s.label, measure(s, on_job=lambda: bar.update(1))) for s in settings]
+    if dcs3gd:
+        save_measured(args.out, dcs3gd)
+    return report(v, cases, measured, data, args, dcs3gd)
 
 
 def cmd_validate_dcs3gd(args) -> int:
     """SSGD / DC-S3GD as predicted against bench_dcs3gd.py's measurement of it."""
-    from kvstore_ext.reports import write_results
     from . import validate as v
     data = _calibration(args.calibration)
-    rows = []
+    benches = []
     for path in args.bench:
         with open(path) as f:
-            bench = json.load(f)
-        for row in v.dcs3gd_rows(bench, data, overlap=args.overlap):
-            rows.append({"bench": path, **row})
-    os.makedirs(args.out, exist_ok=True)
-    print(write_results(args.out, "validate_dcs3gd", rows, [
+            benches.append((path, json.load(f)))
+    print(dcs3gd_verdict(report_dcs3gd(v, benches, data, args.out, args.overlap)))
+    return 0
+
+
+def report_dcs3gd(v, benches: list[tuple[str, dict]], data: dict, out: str,
+                  overlap: float = 1.0) -> float:
+    """The validate_dcs3gd table of ``(name, measurement)`` pairs against a calibration; the
+    largest error of a predicted SSGD / DC-S3GD ratio."""
+    from kvstore_ext.reports import write_results
+    rows = [{"bench": name, **row} for name, bench in benches
+            for row in v.dcs3gd_rows(bench, data, overlap=overlap)]
+    os.makedirs(out, exist_ok=True)
+    print(write_results(out, "validate_dcs3gd", rows, [
         ("bench", "bench", "{}"), ("case", "label", "{}"),
         ("device ms", "device_ms", "{:.0f}"), ("injected wire ms", "wire_ms", "{:.1f}"),
         ("predicted ms", "predicted_ms", "{:.1f}"), ("measured ms", "measured_ms", "{:.1f}"),
         ("predicted ratio", "predicted_ratio", "{:.2f}"),
         ("measured ratio", "measured_ratio", "{:.2f}"), ("error", "error", "{:+.1%}"),
         ("measured overlap", "measured_overlap", "{:.2f}")]))
-    worst = max(abs(r["error"]) for r in rows if r["store"] == "ratio")
-    print(f"largest error of a predicted SSGD/DC-S3GD ratio: {worst:.1%} (bound 10%)")
-    return 0
+    return v.worst_ratio_error(rows)
 
 
-def report(v, cases, measured, data, args) -> int:
-    """The table, the summary figures and the plots of measured cases against a calibration."""
+def dcs3gd_verdict(worst: float) -> str:
+    """The worst ratio error against the bound it is held to."""
+    from .validate import DCS3GD_RATIO_BOUND
+    return (f"largest error of a predicted SSGD/DC-S3GD ratio: {worst:.1%} "
+            f"(bound {DCS3GD_RATIO_BOUND:.0%})")
+
+
+def report(v, cases, measured, data, args, dcs3gd=()) -> int:
+    """The table, the summary figures and the plots of measured cases against a calibration,
+    and the DC-S3GD table of ``(name, measurement)`` pairs ``dcs3gd`` if any."""
     from kvstore_ext.reports import write_results
     rows = v.table_rows(cases, measured, data)
     os.makedirs(args.out, exist_ok=True)
@@ -301,6 +353,8 @@ def report(v, cases, measured, data, args) -> int:
         ("case", "label", "{}"), ("predicted ms", "predicted_ms", "{:.1f}"),
         ("measured ms (median)", "measured_ms", "{:.1f}"), ("error", "error", "{:+.1%}")]))
     summary = v.summarise(rows)
+    if dcs3gd:
+        summary["dcs3gd_max_abs_ratio_error"] = report_dcs3gd(v, dcs3gd, data, args.out)
     with open(os.path.join(args.out, "validate_summary.json"), "w") as f:
         json.dump({"command": " ".join(sys.argv), **summary}, f, indent=1)
     print(f"median |error| {summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}, "
@@ -311,6 +365,8 @@ def report(v, cases, measured, data, args) -> int:
         print(f"  {g['model']} {g['device']}: tau {g['kendall_tau']:.2f}; pick {g['pick']} "
               f"measures {g['pick_vs_best']:.0%} of the best ({g['best']}); knee predicted/"
               f"measured {knees}")
+    if dcs3gd:
+        print(dcs3gd_verdict(summary["dcs3gd_max_abs_ratio_error"]))
     if not args.no_plots:
         for path in v.plot(rows, args.out):
             print(f"wrote {path}")
@@ -385,19 +441,61 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true", help="print the prediction as JSON")
     q.set_defaults(func=cmd_predict)
 
+    from . import search as grids
+
+    def checked(parse):
+        """``parse`` as an option's type: its ValueError is argparse's error (exit status 2)."""
+        def parsed(text):
+            try:
+                return parse(text)
+            except ValueError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+        return parsed
+
     s = sub.add_parser("search", help="the best configurations under a machine budget",
                        description="Evaluate every configuration of workers, servers (dedicated "
-                                   "or on the workers' machines), batch size and store at once, "
-                                   "keep those within the budget, rank them by samples/s, "
-                                   "re-check the top ones with the simulator, and print each "
-                                   "store's knee.")
+                                   "or on the workers' machines), batch size, store and setting "
+                                   "of its parameters at once, keep those within the budget, "
+                                   "rank them by samples/s with their mean staleness, re-check "
+                                   "the top ones with the simulator, and print each store's "
+                                   "knee. --device lists the machines available as launch.py "
+                                   "--device takes them (gtx1080ti*8,gtx1060*8): a "
+                                   "configuration of n workers uses the n fastest, so workers "
+                                   "stop at the pool's size; one device (gtx1080ti, 150ms) "
+                                   "stands for every worker. Where the pace is the policy's "
+                                   "(SSP and DSSP on uneven devices, PSP always), the closed "
+                                   "form gives an optimistic bound and the simulator runs the "
+                                   "real policies, best bound first, until the top ones and "
+                                   "the knees are exact.")
     common(s)
-    s.add_argument("--machines", type=int, default=16, help="machines available (default 16)")
-    s.add_argument("--max-workers", type=int, default=16, help="most workers tried (default 16)")
+    s.add_argument("--machines", type=int, default=16,
+                   help="machines available, workers and dedicated servers (default 16)")
+    s.add_argument("--max-workers", type=int, default=16,
+                   help="most workers tried (default 16; at most the --device pool's size)")
     s.add_argument("--servers", default="1,2,4,8", help="server counts tried (default 1,2,4,8)")
     s.add_argument("--batch-sizes", default="32,64,128", help="per-worker batches (default 32,64,128)")
     s.add_argument("--stores", default="dist_bsp,dist_asp,dist_ssp,dist_dssp",
-                   help="stores tried (default dist_bsp,dist_asp,dist_ssp,dist_dssp)")
+                   type=checked(grids.parse_stores),
+                   help="stores tried (default dist_bsp,dist_asp,dist_ssp,dist_dssp; also "
+                        "dist_psp, dist_ssgd, dist_dcs3gd)")
+    s.add_argument("--staleness", default="1,3,6,15", type=checked(grids.parse_staleness),
+                   help="dist_ssp's staleness values tried: a worker more than s iterations "
+                        "ahead of the slowest waits (default 1,3,6,15)")
+    s.add_argument("--dssp-bounds", default="1:15,3:15", type=checked(grids.parse_dssp_bounds),
+                   help="dist_dssp's staleness_lower:staleness_upper pairs tried: a worker "
+                        "past the lower bound runs on as far as the upper one when that makes "
+                        "its wait for the slowest short (default 1:15,3:15)")
+    s.add_argument("--psp", default="0.75:1,0.9:1", type=checked(grids.parse_psp),
+                   help="dist_psp's min_pushes:min_pull_fraction pairs tried, with --stores "
+                        "...,dist_psp: a round closes after c x n pushes (c a fraction of the "
+                        "workers, in (0, 1]; later pushes are dropped as late), and a worker "
+                        "goes on with a share b of the blocks (default 0.75:1,0.9:1)")
+    s.add_argument("--max-staleness", type=float, default=None, metavar="X",
+                   help="rank only configurations whose mean staleness (updates applied "
+                        "between a worker's read of the weights and its push's application: 0 "
+                        "for BSP and PSP, n-1 for ASP, less for SSP and DSSP where their bounds "
+                        "hold fast workers back) is at most X; the knees stay throughput's "
+                        "alone (default: no cap)")
     s.add_argument("--colocate", choices=("no", "yes", "both"), default="both",
                    help="servers on their own machines (no), on the workers' (yes) or either "
                         "(both, the default)")
@@ -425,7 +523,10 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="predicted against measured on a grid of real jobs",
                        description="Run a grid of real jobs on this machine (3 interleaved "
                                    "trials), predict each from the calibration, and write the "
-                                   "errors, the ranking (Kendall tau), the pick and the knees.")
+                                   "errors, the ranking (Kendall tau), the pick and the knees; "
+                                   "then dist_ssgd against dist_dcs3gd on 2 Horovod workers with "
+                                   "communication negligible and as long as the compute, and "
+                                   "the error of each predicted SSGD / DC-S3GD ratio.")
     v.add_argument("--calibration", default=DEFAULT_CALIBRATION,
                    help=f"calibration JSON (default {DEFAULT_CALIBRATION}; made if missing)")
     v.add_argument("--calibrate", action="store_true", help="calibrate again first")
@@ -442,19 +543,31 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--rounds", type=int, default=20, help="timed iterations per job (default 20)")
     v.add_argument("--warmup", type=int, default=5, help="untimed iterations first (default 5)")
     v.add_argument("--max-cases", type=int, default=0, help="run only the first K cases")
+    v.add_argument("--no-dcs3gd", action="store_true",
+                   help="leave out dist_ssgd against dist_dcs3gd (2 Horovod workers)")
+    v.add_argument("--dcs3gd-device-s", default="0,0.1",
+                   help="simulated accelerator seconds per step of the DC-S3GD measurements, "
+                        "one measurement each: 0 is LeNet on the CPU at batch 64, a device "
+                        "time is at batch 16 (default 0,0.1)")
+    v.add_argument("--dcs3gd-steps", type=int, default=40,
+                   help="steps per DC-S3GD or SSGD job (default 40)")
+    v.add_argument("--dcs3gd-warmup", type=int, default=10,
+                   help="steps of those jobs before timing (default 10)")
     v.add_argument("--measured", default="",
-                   help="run no job: score the measurements of an earlier validate.json "
-                        "against --calibration")
+                   help="run no job: score the measurements of an earlier validate.json, and "
+                        "the DC-S3GD ones kept beside it if any, against --calibration")
     v.add_argument("--no-plots", action="store_true", help="write no PNGs")
     v.add_argument("--out", default=os.path.join("results", "plan"),
-                   help="folder for validate.{json,csv,md}, the summary and PNGs")
+                   help="folder for validate.{json,csv,md}, validate_dcs3gd.{json,csv,md}, "
+                        "the DC-S3GD measurements, the summary and PNGs")
     v.set_defaults(func=cmd_validate)
 
     d = sub.add_parser("validate-dcs3gd", help="SSGD / DC-S3GD predicted against bench_dcs3gd.py",
                        description="Score scripts/bench_dcs3gd.py's measurements (2 Horovod "
                                    "workers, communication negligible and equal to computation) "
                                    "against the model: each step time and each SSGD / DC-S3GD "
-                                   "ratio, predicted and measured.")
+                                   "ratio, predicted and measured ('validate' runs the same "
+                                   "jobs itself).")
     d.add_argument("--bench", action="append", required=True, metavar="DCS3GD_JSON",
                    help="a dcs3gd.json that bench_dcs3gd.py --out wrote (make bench-dcs3gd "
                         "writes results/bench/dcs3gd.json and results/bench/device/dcs3gd.json); "

@@ -119,33 +119,35 @@ def worker(args) -> int:
     return 0
 
 
-#: element counts of the allreduce calibration (4 KB to 8 MB of float32)
-ALLREDUCE_SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 19, 1 << 21)
+#: element counts of the allreduce calibration (64 KB to 8 MB of float32): below, Gloo's
+#: small-message path is slower than the ring's latency (4 KB took 2-3 ms, 64 KB 1.5-2); above,
+#: the buffers leave the L3 cache (32 MB took 5.1x the time of 8 MB)
+ALLREDUCE_SIZES = (1 << 14, 1 << 16, 1 << 18, 1 << 19, 1 << 20, 1 << 21)
 
 
 def allreduce_worker(args) -> int:
-    """One Horovod worker timing Gloo allreduces of each size (the median of ``--rounds``)."""
-    import statistics
+    """One Horovod worker timing Gloo allreduces of each size, the sizes interleaved over
+    passes (``--rounds`` allreduces of each per pass), each size's trimmed mean."""
     import mxnet as mx
     import horovod.mxnet as hvd
+    from .timing import timed
     hvd.init()
-    out = {}
-    for size in ALLREDUCE_SIZES:
-        x = mx.nd.ones((size,))
-        times = []
-        for i in range(args.warmup + args.rounds):
-            t0 = time.perf_counter()
-            y = hvd.allreduce(x, average=False, name=f"calibrate.{size}.{i}")
-            y.wait_to_read()
-            if i >= args.warmup:
-                times.append(time.perf_counter() - t0)
-        out[str(size)] = statistics.median(times)
+    tensors = {size: mx.nd.ones((size,)) for size in ALLREDUCE_SIZES}
+
+    def allreduce(size):
+        def run():
+            hvd.allreduce(tensors[size], average=False,
+                          name=f"calibrate.{size}").wait_to_read()
+        return run
+    seconds = timed({size: allreduce(size) for size in ALLREDUCE_SIZES}, passes=3,
+                    reps=args.rounds, warmup=args.warmup)
     with open(args.result.replace("{rank}", str(hvd.rank())), "w") as f:
-        json.dump({"rank": hvd.rank(), "workers": hvd.size(), "seconds": out}, f)
+        json.dump({"rank": hvd.rank(), "workers": hvd.size(),
+                   "seconds": {str(k): v for k, v in seconds.items()}}, f)
     return 0
 
 
-def run_allreduce_job(workers: int = 2, rounds: int = 20, timeout: float = 300) -> dict:
+def run_allreduce_job(workers: int = 2, rounds: int = 30, timeout: float = 300) -> dict:
     """Seconds per allreduce of each size in a real Horovod (Gloo) job on this machine:
     the slower worker's median, by element count."""
     import subprocess

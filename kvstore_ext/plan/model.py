@@ -8,8 +8,10 @@ reads every server in parallel, and a worst case, where all replicas queue at on
 message, per key and per byte is measured (``calibrate``), so the model places the queue where
 it really forms: on the busiest server of the partition MXNet's rule makes.  It adds the
 synchronous store (a round waits for the slowest worker, then for the server to serve every
-worker's push) and, for every process sharing a host of ``cores`` cores, the roofline bound:
-the host cannot do more CPU work per second than it has cores.
+worker's push) and, for every process sharing a host of ``cores`` cores, the roofline bound
+(the host cannot do more CPU work per second than it has cores) and the wait for a core below
+it: a synchronous round's phases run in every process at once and share the cores, and an
+asynchronous worker's CPU work queues behind the others' (an M/M/c response time).
 
 All of it is arithmetic on numpy arrays, so the search evaluates 10^5 configurations at once;
 :func:`predict` is the same code on one configuration.  Stores whose pace depends on the policy
@@ -196,7 +198,12 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
     # busiest server, one optimizer application, the replies
     server_round = n * push_cpu + apply_cpu
     server_link = 2 * n * sbytes / bw
-    sync_time = slowest + worker_cpu + link + np.maximum(server_round, server_link)
+    # on one shared host a synchronous round's phases run in every process at once: the n
+    # workers' CPU work shares the cores, then the servers' rounds do, side by side
+    lockstep = np.where(shared_host, np.maximum(1.0, n / costs.cores), 1.0)
+    side_by_side = np.where(shared_host, np.maximum(1.0, np.asarray(messages) / costs.cores), 1.0)
+    sync_time = slowest + worker_cpu * lockstep + link + np.maximum(server_round * side_by_side,
+                                                                    server_link)
     # an asynchronous worker: its own push served and applied; the servers cap the job's rate
     # at one push per (push + apply) on the busiest server, or per its link's transfer
     own = compute + worker_cpu + link + push_cpu + apply_cpu
@@ -207,7 +214,7 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
     ring = np.where(n > 1, 2 * (n - 1) * costs.allreduce_latency
                     + 2 * (n - 1) / n * nbytes / costs.allreduce_bandwidth + wire, 0.0)
     hidden = np.where(store == "dist_dcs3gd", overlap, 0.0)
-    ar_time = slowest + worker_cpu + np.maximum(ring - hidden * slowest, 0.0)
+    ar_time = slowest + worker_cpu * lockstep + np.maximum(ring - hidden * slowest, 0.0)
     seconds = np.where(sync, sync_time, np.where(allreduce, ar_time, async_time))
 
     # one host's cores: every process's CPU in the time of one iteration of each worker
@@ -224,7 +231,20 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
         allreduce, 0.0, np.where(sync, server_round, n * (push_cpu + apply_cpu)))
     host_bound = np.maximum(host_bound, np.where(np.logical_and(colocated, np.logical_not(shared_host)),
                                                  on_host / costs.cores, 0.0))
+    unqueued = seconds
     seconds = np.maximum(seconds, host_bound)
+    # ... and below that bound, an asynchronous worker's CPU work (its own, then its push on
+    # the server) waits for a core as in a queue, at the times the others' work happens to
+    # fall: stretched by the M/M/c response time at the utilisation of the host by the other
+    # processes (what a worker arriving at the cores finds: the arrival theorem of closed
+    # systems), which itself depends on the iteration's length (a fixed point)
+    path_cpu = np.where(sync | allreduce, 0.0, worker_cpu + push_cpu + apply_cpu)
+    own_cpu = np.asarray(host_s, dtype=float) + worker_cpu + push_cpu + apply_cpu
+    others_cpu = np.where(shared_host, cpu, np.where(colocated, on_host, 0.0)) - own_cpu
+    for _ in range(QUEUE_STEPS):
+        utilisation = np.clip(others_cpu / (costs.cores * seconds), 0.0, MAX_UTILISATION)
+        seconds = np.maximum(unqueued + (queue_stretch(utilisation, costs.cores) - 1.0) * path_cpu,
+                             host_bound)
 
     # the breakdown: each part's time on the iteration's path, so that the parts add up to it
     cpu_bound_srv = push_cpu + apply_cpu >= 2 * sbytes / bw
@@ -245,6 +265,29 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
     return seconds, parts
 
 
+#: fixed-point steps of the queueing stretch (each moves less than the last; 20 settle it to
+#: well under 0.1% here) and the utilisation it is capped at (the roofline bounds the rest)
+QUEUE_STEPS = 20
+MAX_UTILISATION = 0.95
+
+
+def queue_stretch(utilisation, cores: int):
+    """Response time over service time of an M/M/c queue (Erlang C) with ``cores`` servers at
+    ``utilisation`` (array or number): the factor by which CPU work on a worker's path grows
+    when the host's cores are busy that share of the time with other processes' work
+    (1/(1 - u^2) for two cores)."""
+    u = np.asarray(utilisation, dtype=float)
+    c = int(cores)
+    a = c * u
+    term, below = np.ones_like(a), np.zeros_like(a)
+    for k in range(c):
+        below = below + term
+        term = term * a / (k + 1)
+    waiting = term / (1.0 - u)
+    erlang_c = waiting / (below + waiting)
+    return 1.0 + erlang_c / (c * (1.0 - u))
+
+
 def bottleneck(parts: dict, index=()) -> str:
     """The part that takes the most time of the iteration ``index`` names."""
     return max(BOTTLENECKS, key=lambda name: float(np.asarray(parts[name])[index]))
@@ -258,6 +301,7 @@ class Prediction:
     parts: dict
     bottleneck: str
     method: str = "closed form"    # or "simulator"
+    run: object = None             # the simulator's SimResult (its staleness, its drops)
 
     def to_dict(self) -> dict:
         return {"seconds_per_iteration": self.seconds, "samples_per_s": self.samples_per_s,
@@ -294,7 +338,7 @@ def predict(profile: ModelProfile, costs: Costs, *, store: str = "dist_bsp", wor
                   server_max_elements=place["max_elements"], costs=costs,
                   shared_host=shared_host, bandwidth=bandwidth, overlap=overlap,
                   colocated=colocated, wire_s=wire_s)
-    method = "closed form"
+    method, run = "closed form", None
     if store == "dist_asp" and uneven:
         # every worker at its own pace: the job's rate is the sum of the workers' rates
         own = [iteration_time(store=store, device_s=d, **common)[0] for d in devices]
@@ -308,9 +352,9 @@ def predict(profile: ModelProfile, costs: Costs, *, store: str = "dist_bsp", wor
             store="dist_bsp" if store == "dist_psp" else "dist_asp",
             device_s=float(np.mean(devices)), device_max_s=max(devices), **common)
         push_s, apply_s = server_service(costs, place)
-        seconds = simulated_time(store, params or {}, devices, host,
-                                 parts["worker CPU"] + parts["worker link"], push_s, apply_s,
-                                 workers, horizon_iterations, seed, costs, shared_host)
+        seconds, run = simulated_run(store, params or {}, devices, host,
+                                     parts["worker CPU"] + parts["worker link"], push_s, apply_s,
+                                     workers, horizon_iterations, seed, costs, shared_host)
         method = "simulator"
     else:
         seconds_arr, parts = iteration_time(store=store, device_s=float(np.mean(devices)),
@@ -318,7 +362,7 @@ def predict(profile: ModelProfile, costs: Costs, *, store: str = "dist_bsp", wor
         seconds = float(seconds_arr)
     samples = workers * batch_size / seconds
     return Prediction(seconds, samples, dataset_size / samples if dataset_size else None,
-                      {k: float(v) for k, v in parts.items()}, bottleneck(parts), method)
+                      {k: float(v) for k, v in parts.items()}, bottleneck(parts), method, run)
 
 
 def server_service(costs: Costs, place: dict) -> tuple[float, float]:
@@ -329,13 +373,19 @@ def server_service(costs: Costs, place: dict) -> tuple[float, float]:
             costs.opt_key * keys + costs.opt_param * elements)
 
 
-def simulated_time(store: str, params: dict, devices, host: float, comm: float, push_s: float,
-                   apply_s: float, workers: int, horizon_iterations: int, seed: int, costs: Costs,
-                   shared_host: bool) -> float:
-    """Mean seconds per iteration from the discrete-event simulator, whose workers compute for
-    their device's time (or the host's, slowed by the others computing), then spend ``comm``
-    (their CPU and the link), and whose server serves pushes one at a time for ``push_s`` each,
-    plus ``apply_s`` when the policy applies (``simulate``'s ``service`` and ``apply_time``).
+def simulated_time(*args, **kwargs) -> float:
+    """:func:`simulated_run`'s seconds per iteration."""
+    return simulated_run(*args, **kwargs)[0]
+
+
+def simulated_run(store: str, params: dict, devices, host: float, comm: float, push_s: float,
+                  apply_s: float, workers: int, horizon_iterations: int, seed: int, costs: Costs,
+                  shared_host: bool) -> tuple:
+    """Mean seconds per iteration from the discrete-event simulator, and its run (a
+    ``SimResult``: staleness, drops), whose workers compute for their device's time (or the
+    host's, slowed by the others computing), then spend ``comm`` (their CPU and the link), and
+    whose server serves pushes one at a time for ``push_s`` each, plus ``apply_s`` when the
+    policy applies (``simulate``'s ``service`` and ``apply_time``).
     ``dist_psp``'s per-block rounds are simulated with the server's round as a delay."""
     from .. import registry
     from ..simulate import simulate
@@ -347,7 +397,7 @@ def simulated_time(store: str, params: dict, devices, host: float, comm: float, 
     horizon = horizon_iterations * (max(times) + comm + (push_s + apply_s) * workers)
     r = simulate(store, params, [fastest / t for t in times], horizon, base_time=fastest,
                  seed=seed, **simulator_delays(store, comm, push_s, apply_s, workers))
-    return workers * horizon / max(r.total_iterations, 1)
+    return workers * horizon / max(r.total_iterations, 1), r
 
 
 def simulator_delays(store: str, comm: float, push_s: float, apply_s: float,

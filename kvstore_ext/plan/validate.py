@@ -7,7 +7,8 @@ the device time stand for the compute (a ResNet-20 step on this host's CPU would
 device, not an emulation of one).  Trials are interleaved case by case, so drift hits every
 case alike; each case's figure is the median of its trials.  The model's prediction of the
 same case comes from the calibration, on this machine's terms: every process on one host of
-its cores.
+its cores.  After the grid, ``dist_ssgd`` against ``dist_dcs3gd`` on 2 Horovod workers
+(:mod:`.dcs3gd_jobs`) is judged by the ratio of their times per iteration (:func:`dcs3gd_rows`).
 """
 from __future__ import annotations
 
@@ -211,17 +212,20 @@ def plot(rows: list[dict], out_dir: str) -> list[str]:
     return paths
 
 
-# -- DC-S3GD against SSGD: scripts/bench_dcs3gd.py's two regimes -------------------------------
+# -- DC-S3GD against SSGD: the two regimes of :mod:`.dcs3gd_jobs` -----------------------------
 
 DCS3GD_REGIMES = (("negligible_comm", "communication negligible"),
                   ("comm_equals_compute", "communication = computation"))
+#: the largest error accepted in a predicted SSGD / DC-S3GD ratio
+DCS3GD_RATIO_BOUND = 0.10
 
 
 def dcs3gd_rows(bench: dict, calibration: dict, overlap: float = 1.0) -> list[dict]:
-    """Predicted against measured for a ``bench_dcs3gd.py`` result (its ``dcs3gd.json``): each
-    regime's step time of ``dist_ssgd`` and ``dist_dcs3gd`` (2 Horovod workers, LeNet on the
-    host, the bench's device time held between its forward and backward pass, its injected
-    wire time in the allreduce), and each regime's SSGD / DC-S3GD ratio.
+    """Predicted against measured for a :func:`.dcs3gd_jobs.measure` result (also the
+    ``dcs3gd.json`` of ``bench_dcs3gd.py``): each regime's step time of ``dist_ssgd`` and
+    ``dist_dcs3gd`` (2 Horovod workers, LeNet on the host, the bench's device time held between
+    its forward and backward pass, its injected wire time in the allreduce), and each regime's
+    SSGD / DC-S3GD ratio.
 
     The model's ``overlap`` is the share of the allreduce DC-S3GD can hide behind the next
     step's compute: 1.0 is what the algorithm allows; the bench's measured overlap is beside it.
@@ -256,3 +260,8 @@ def dcs3gd_rows(bench: dict, calibration: dict, overlap: float = 1.0) -> list[di
                      "error": (ps / pd) / (ms / md) - 1.0,
                      "measured_overlap": bench[regime]["dist_dcs3gd"].get("overlap")})
     return rows
+
+
+def worst_ratio_error(rows: list[dict]) -> float:
+    """The largest |error| of the predicted SSGD / DC-S3GD ratios among :func:`dcs3gd_rows`'."""
+    return max(abs(r["error"]) for r in rows if r["store"] == "ratio")

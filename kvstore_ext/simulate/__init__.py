@@ -43,10 +43,19 @@ class SimResult:
     horizon: float
     leads: list[int] = field(default_factory=list)
     dropped: int = 0            # pushes dropped as late (dist_psp)
+    #: staleness -> applied pushes: the updates the server applied between the pusher's read
+    #: of the weights and the push's own application (per block under dist_psp)
+    staleness: dict[int, int] = field(default_factory=dict)
 
     @property
     def total_iterations(self) -> int:
         return sum(self.iterations.values())
+
+    @property
+    def mean_staleness(self) -> float | None:
+        """The mean over applied pushes; None when none was applied."""
+        applied = sum(self.staleness.values())
+        return sum(k * v for k, v in self.staleness.items()) / applied if applied else None
 
     def throughput(self) -> float:
         """Pushes per unit of time over all workers."""
@@ -91,7 +100,7 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
     worker's OK comes when its push has been served.
 
     ``trainer`` (a :class:`~kvstore_ext.virtual_training.VirtualTraining`) rides on the same
-    events and trains a real model: ``start(worker, held)`` when a worker reads the weights,
+    events and trains a real model: ``start(worker, held, at=)`` when a worker reads the weights,
     ``push(worker, server, accepted)`` when its gradient reaches a server, ``apply(server,
     pusher)`` when the policy applies, and ``advance(now)`` before each event (it evaluates,
     and ends the run by returning False).
@@ -118,12 +127,17 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
     seq = 0
     max_lead, decisions, leads = 0, 0, []
     busy_until = 0.0      # the server is serving pushes until then
+    applied = 0           # updates the server has applied
+    read_at: dict[int, int] = {}   # worker -> updates applied when it read the weights
+    gathered: list[int] = []       # pushes waiting for the next application
+    staleness: dict[int, int] = {}
 
     def start(worker: int, at: float, together: int = 1) -> None:
         nonlocal seq
         seq += 1
+        read_at[worker] = applied
         if trainer is not None:
-            trainer.start(worker)
+            trainer.start(worker, at=at)
         at += latency + release_latency * together
         heapq.heappush(events, (at + step_time(worker, at), seq, worker))
 
@@ -144,6 +158,13 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
         if service or apply_time:
             busy_until = max(now, busy_until) + service + (apply_time if decision.apply else 0.0)
             now = busy_until
+        gathered.append(worker)
+        if decision.apply:
+            for pusher in gathered:
+                lag = applied - read_at[pusher]
+                staleness[lag] = staleness.get(lag, 0) + 1
+            gathered.clear()
+            applied += 1
         if trainer is not None and decision.apply:
             trainer.apply(0, worker if row.asynchronous else None)
         for released, lead in decision.released:
@@ -151,7 +172,7 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
             leads.append(lead)
             wait[released] += now - pushed_at.get(released, 0.0)   # a pool's late starter
             start(released, now, len(decision.released))
-    return SimResult(iterations, wait, max_lead, decisions, horizon, leads)
+    return SimResult(iterations, wait, max_lead, decisions, horizon, leads, staleness=staleness)
 
 
 def simulate_blocks(row, params: dict, speeds, horizon: float, base_time: float = 1.0,
@@ -191,6 +212,7 @@ def simulate_blocks(row, params: dict, speeds, horizon: float, base_time: float 
     events: list = []   # (time, tie-break, kind, payload)
     seq = 0
     max_lead, decisions, leads = 0, 0, []
+    staleness: dict[int, int] = {}
 
     def schedule(at: float, kind: str, payload) -> None:
         nonlocal seq
@@ -199,7 +221,7 @@ def simulate_blocks(row, params: dict, speeds, horizon: float, base_time: float 
 
     def start(worker: int, at: float, together: int = 1) -> None:
         if trainer is not None:
-            trainer.start(worker, held[worker])
+            trainer.start(worker, held[worker], at=at)
         at += latency + release_latency * together
         schedule(at + step_time(worker, at), "push", worker)
 
@@ -265,7 +287,10 @@ def simulate_blocks(row, params: dict, speeds, horizon: float, base_time: float 
             decisions += 1
             calls[worker] += 1
             for s, policy in enumerate(policies):
+                lag = policy.version - held[worker][s]     # 0 unless dropped as late
                 outcome = policy.on_push(worker, held[worker][s], now)
+                if not outcome.dropped:
+                    staleness[lag] = staleness.get(lag, 0) + blocks[s]
                 if trainer is not None:
                     trainer.push(worker, s, accepted=not outcome.dropped)
                     if outcome.apply:
@@ -288,7 +313,7 @@ def simulate_blocks(row, params: dict, speeds, horizon: float, base_time: float 
             send_parts(now)
         release(now)
     dropped = sum(p.dropped * k for p, k in zip(policies, blocks))   # pushed blocks dropped
-    return SimResult(iterations, wait, max_lead, decisions, horizon, leads, dropped)
+    return SimResult(iterations, wait, max_lead, decisions, horizon, leads, dropped, staleness)
 
 
 def paradigms(stores: list[str] | None = None) -> dict[str, tuple[str, dict]]:

@@ -1,6 +1,7 @@
 """``python -m kvstore_ext.simulate``: iteration counts per paradigm (:func:`main`), or with
 ``--train CONFIG``, an experiment's model trained in virtual time: reproduce.py's run with
-every cluster virtual (``reproduce.py CONFIG --virtual``; its options apply)."""
+every cluster virtual (``reproduce.py CONFIG --virtual``; its options apply, ``--jobs N``
+among them: N runs side by side, each in a process of one thread)."""
 from __future__ import annotations
 
 import sys

@@ -46,7 +46,7 @@ def test_predictions_match_two_real_jobs(calibration, tmp_path):
     emulated 100 ms devices: the model's time per iteration within the paper's 25%."""
     out = plan("validate", "--calibration", str(calibration), "--models", "lenet",
                "--clusters", "2x1", "--stores", "dist_bsp,dist_asp", "--devices", "100ms",
-               "--no-mixed", "--trials", "1", "--rounds", "12", "--warmup", "3",
+               "--no-mixed", "--trials", "1", "--rounds", "12", "--warmup", "3", "--no-dcs3gd",
                "--out", str(tmp_path))
     rows = json.loads((tmp_path / "validate.json").read_text())["rows"]
     assert [r["store"] for r in rows] == ["dist_bsp", "dist_asp"], out
@@ -115,3 +115,48 @@ def test_validate_dcs3gd_scores_a_bench_result(calibration, tmp_path):
     loaded = next(r for r in ratios if r["regime"] == "comm_equals_compute")
     # the device's 100 ms and the injected 110 ms dominate: SSGD pays both, DC-S3GD mostly one
     assert 1.6 < loaded["predicted_ratio"] < 2.0 and loaded["measured_ratio"] == pytest.approx(0.22 / 0.12)
+
+
+def test_validate_measures_dcs3gd_against_ssgd_itself(calibration, tmp_path, jobs):
+    """After its grid (here one short job), validate runs dist_ssgd and dist_dcs3gd on 2
+    Horovod workers in both regimes (here on the simulated 100 ms device only, one trial of a
+    few steps), writes their table and the worst ratio error, and keeps the measurements so
+    that --measured scores them again."""
+    job = jobs([sys.executable, "-m", "kvstore_ext.plan", "validate", "--calibration",
+                str(calibration), "--models", "lenet", "--clusters", "1x1", "--stores", "dist_bsp",
+                "--devices", "100ms", "--no-mixed", "--trials", "1", "--rounds", "6",
+                "--warmup", "2", "--no-plots", "--dcs3gd-device-s", "0.1", "--dcs3gd-steps", "8",
+                "--dcs3gd-warmup", "3", "--out", str(tmp_path)])
+    assert job.wait(400) == 0, job.output[-3000:]
+    assert "largest error of a predicted SSGD/DC-S3GD ratio" in job.output
+    rows = json.loads((tmp_path / "validate_dcs3gd.json").read_text())["rows"]
+    assert [(r["regime"], r["store"]) for r in rows] == [
+        (regime, store) for regime in ("negligible_comm", "comm_equals_compute")
+        for store in ("dist_ssgd", "dist_dcs3gd", "ratio")]
+    assert {r["bench"] for r in rows} == {"LeNet on a simulated 100 ms device, batch 16"}
+    steps = {(r["regime"], r["store"]): r for r in rows}
+    for r in rows:
+        if r["store"] != "ratio":      # the device holds every step for 100 ms
+            assert r["measured_ms"] > 100 and r["predicted_ms"] > 100, r
+    # the injected wire time is DC-S3GD's step with communication negligible, and SSGD waits
+    # for the device and the wire one after the other
+    wire = steps[("comm_equals_compute", "dist_ssgd")]["wire_ms"]
+    assert wire == pytest.approx(steps[("negligible_comm", "dist_dcs3gd")]["measured_ms"])
+    assert steps[("comm_equals_compute", "dist_ssgd")]["measured_ms"] > 0.9 * (100 + wire)
+    ratio = steps[("comm_equals_compute", "ratio")]
+    assert ratio["predicted_ratio"] > 1.0       # the model hides the wire under the device
+    assert ratio["measured_ratio"] == pytest.approx(
+        steps[("comm_equals_compute", "dist_ssgd")]["measured_ms"]
+        / steps[("comm_equals_compute", "dist_dcs3gd")]["measured_ms"])
+    worst = max(abs(r["error"]) for r in rows if r["store"] == "ratio")
+    summary = json.loads((tmp_path / "validate_summary.json").read_text())
+    assert summary["dcs3gd_max_abs_ratio_error"] == pytest.approx(worst)
+    assert summary["cases"] == 1
+
+    again = tmp_path / "again"
+    out = plan("validate", "--calibration", str(calibration), "--measured",
+               str(tmp_path / "validate.json"), "--no-plots", "--out", str(again))
+    assert "largest error of a predicted SSGD/DC-S3GD ratio" in out
+    assert json.loads((again / "validate_dcs3gd.json").read_text())["rows"] == rows
+    assert json.loads((again / "validate_summary.json").read_text())[
+        "dcs3gd_max_abs_ratio_error"] == pytest.approx(worst)

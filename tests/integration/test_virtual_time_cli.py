@@ -56,9 +56,26 @@ def test_sixteen_virtual_workers_train_lenet_in_under_a_minute(tmp_path):
     # a straggler pattern makes BSP wait: SSP gets through more iterations in the same time
     assert sum(ssp["iterations"]) > sum(bsp["iterations"])
     for name in ("results.md", "results.csv", "accuracy_vs_time_transient.png",
-                 "staleness_transient.png", "test_error_vs_time_transient.png"):
+                 "accuracy_vs_iterations_transient.png", "staleness_transient.png",
+                 "test_error_vs_time_transient.png"):
         assert (out / name).stat().st_size > 0, name
     assert "| transient | SSP s=3 |" in (out / "results.md").read_text()
+
+
+def test_runs_in_two_processes_give_the_same_records_as_in_one(tmp_path):
+    """--jobs 2 runs two paradigms side by side; each run's curve, iterations and staleness
+    are those of --jobs 1, bit for bit, and runs.json keeps the config's order."""
+    records = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"jobs{jobs}"
+        proc = simulate("--train", SMALL, "--quick", "--out", str(out), "--paradigm", "SSP s=3",
+                        "--paradigm", "BSP", "--jobs", str(jobs), timeout=180)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        records[jobs] = json.loads((out / "runs.json").read_text())["runs"]
+    assert [r["paradigm"] for r in records[2]] == ["BSP", "SSP s=3"]
+    for one, two in zip(records[1], records[2]):
+        for key in ("paradigm", "curve", "iterations", "staleness", "final_accuracy"):
+            assert one[key] == two[key], key
 
 
 def test_reproduce_runs_a_virtual_cluster_beside_the_others(tmp_path):
@@ -74,14 +91,17 @@ def test_reproduce_runs_a_virtual_cluster_beside_the_others(tmp_path):
     assert run["workers"] == 4 and len(run["iterations"]) == 4 and run["virtual"]
 
 
-@pytest.mark.parametrize("change,match", [
-    ("latency: 0.002", "latency: -1"),
-    ("virtual: true, ", "virtual: false, "),
-    ("virtual: true, ", "virtual: yes please, "),
+@pytest.mark.parametrize("change,bad,says", [
+    ("latency: 0.002", "latency: -1", "latency"),
+    ("virtual: true, ", "virtual: false, ", "virtual"),
+    ("virtual: true, ", "virtual: yes please, ", "virtual"),
+    ("eval_every: 0.5", "eval_every_iterations: -20", "eval_every_iterations must be"),
+    ("eval_every: 0.5", "eval_every: 0.5, eval_every_iterations: 20", "not both"),
+    ("latency: 0.002", "compute: calibration, latency: 0.002", "compute: calibration needs"),
 ])
-def test_bad_virtual_keys_name_the_key(tmp_path, change, match):
+def test_bad_virtual_keys_name_the_key(tmp_path, change, bad, says):
     config = tmp_path / "bad.yaml"
-    config.write_text(open(SMALL).read().replace(change, match))
+    config.write_text(open(SMALL).read().replace(change, bad))
     with pytest.raises(ConfigError) as err:
         load_experiment(str(config))
-    assert "clusters.transient" in str(err.value)
+    assert "clusters.transient" in str(err.value) and says in str(err.value)

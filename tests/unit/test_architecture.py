@@ -97,7 +97,8 @@ def test_the_runtimes_stay_in_their_rooms():
     for light in ("kvstore_ext.plan.model", "kvstore_ext.plan.search"):
         heavy = {m for m in reach(light) if m.startswith(("kvstore_ext.ps", "kvstore_ext.launch",
                                                           "kvstore_ext.horovod"))
-                 or m in ("kvstore_ext.plan.calibrate", "kvstore_ext.plan.jobs")}
+                 or m in ("kvstore_ext.plan.calibrate", "kvstore_ext.plan.jobs",
+                          "kvstore_ext.plan.dcs3gd_jobs", "kvstore_ext.plan.validate")}
         assert heavy <= {"kvstore_ext.ps", "kvstore_ext.ps.partition", "kvstore_ext.horovod",
                          "kvstore_ext.horovod.params"}, (light, heavy)   # the registry's checks
     assert not {m for m in reach("kvstore_ext.horovod.store") if m.startswith("kvstore_ext.ps")}

@@ -76,6 +76,41 @@ def test_one_host_cannot_do_more_cpu_work_than_its_cores():
     assert alone == pytest.approx(0.03 + 0.002204 + 0.002208 + 8 * 0.003204 + 0.000451)
 
 
+def test_the_queue_stretch_is_erlang_c():
+    from kvstore_ext.plan.model import queue_stretch
+    u = np.array([0.0, 0.3, 0.6, 0.9])
+    assert np.allclose(queue_stretch(u, 1), 1 / (1 - u))          # M/M/1
+    assert np.allclose(queue_stretch(u, 2), 1 / (1 - u ** 2))     # M/M/2, worked by hand
+    # M/M/4 at u = 0.5 by hand: a = 2, sum_{k<4} a^k/k! = 1 + 2 + 2 + 4/3 = 19/3,
+    # a^4/4!/(1 - u) = 4/3, Erlang C = (4/3) / (19/3 + 4/3) = 4/23, stretch 1 + C/(4 x 0.5)
+    assert float(queue_stretch(0.5, 4)) == pytest.approx(1 + (4 / 23) / 2)
+
+
+def test_a_bsp_rounds_phases_share_the_hosts_cores():
+    # 8 workers on 2 cores: their CPU work (2.204 ms each) runs at once, 4 per core; the
+    # one server's round (8 pushes of 3.204 ms, one apply of 0.451 ms) runs on one core
+    c = costs(interference={1: 1.0, 8: 1.0})
+    seconds, parts = one("dist_bsp", 8, device=0.2, shared=True, c=c)
+    assert seconds == pytest.approx(0.2 + 4 * 0.002204 + 0.002208 + 8 * 0.003204 + 0.000451)
+    assert parts["worker CPU"] == pytest.approx(0.002204)
+    assert parts["host CPU"] == pytest.approx(3 * 0.002204)
+
+
+def test_an_async_workers_cpu_waits_for_the_cores_the_others_keep_busy():
+    # 8 workers of 30 ms host compute on a 0.2 s device: each worker's CPU per iteration is
+    # 30 + 2.204 + 3.204 + 0.451 ms = 35.859 ms; the 7 others keep the 2 cores busy
+    # u = 7 x 35.859 ms / (2 x T) of the time, and the worker's 5.859 ms of CPU work past its
+    # compute is stretched by the M/M/2 response time 1 / (1 - u^2): T solves the fixed point
+    c = costs(interference={1: 1.0, 8: 1.0})
+    seconds, _ = one("dist_asp", 8, device=0.2, host=0.03, shared=True, c=c)
+    base = 0.2 + 0.002204 + 0.002208 + 0.003204 + 0.000451
+    u = 7 * 0.035859 / (2 * seconds)
+    assert seconds == pytest.approx(base + (1 / (1 - u ** 2) - 1) * 0.005859, rel=1e-4)
+    assert seconds > base * 1.001
+    alone, _ = one("dist_asp", 8, device=0.2, host=0.03, shared=False, c=c)
+    assert alone == pytest.approx(base)
+
+
 def test_interference_interpolates_and_grows_past_the_last_point():
     c = costs(interference={1: 1.0, 2: 1.5, 4: 2.5})
     assert float(c.interference_at(3)) == pytest.approx(2.0)

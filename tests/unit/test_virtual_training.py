@@ -47,10 +47,11 @@ def make_sgd(lr=0.05, momentum=0.9, wd=1e-4):
 
 
 def train(digits, store, params, horizon, devices="1000ms,2000ms,3000ms", workers=3,
-          servers=1, seed=0, **optimizer):
+          servers=1, seed=0, eval_every_iterations=0, **optimizer):
     x, y, xt, yt = digits
     vt = VirtualTraining(fresh_net(seed), store, workers, x, y, xt, yt, BATCH,
-                         make_sgd(**optimizer), servers=servers, seed=seed, record_trace=True)
+                         make_sgd(**optimizer), servers=servers, seed=seed, record_trace=True,
+                         eval_every_iterations=eval_every_iterations)
     clocks = DeviceClock.for_cluster(devices, [], workers)
     blocks = vt.blocks_per_server() if servers > 1 else None
     simulate(store, registry.lookup(store).check(params), None, horizon, clocks=clocks,
@@ -270,3 +271,89 @@ def test_a_cluster_with_a_calibration_takes_the_planners_message_costs(tmp_path)
     with pytest.raises(ConfigError, match="calibration .* or latency, not both"):
         _cluster_options({"virtual": True, "device": "200ms", "calibration": str(path),
                           "latency": 0.004}, "clusters.v", 1, 8)
+
+
+def test_evaluations_on_worker_0s_iteration_grid(digits):
+    """``eval_every_iterations``: an evaluation when worker 0 is let go after every k-th
+    iteration (as a launched run's worker 0 snapshots after every k-th step), stamped with
+    that moment's virtual time and the pushes made by then."""
+    # ASP (the trace above): worker 0 pushes at t = 1, 2, 3, 4, ...; its 2nd push is the 3rd
+    # of the job, its 4th the 7th, its 6th (t = 6, after w2's and w1's) the 11th
+    asp = train(digits, "dist_asp", {}, 6.5, eval_every_iterations=2)
+    assert [(e.time, e.iterations) for e in asp.log.curve] == [(2.0, 3), (4.0, 7), (6.0, 11)]
+    # BSP: worker 0 is let go when a round closes (t = 3, 6, 9, 12): the 2nd and 4th rounds,
+    # and what it evaluates is the round's weights, as they are at the end of a shorter run
+    bsp = train(digits, "dist_bsp", {}, 12.5, eval_every_iterations=2)
+    assert [(e.time, e.iterations) for e in bsp.log.curve] == [(6.0, 6), (12.0, 12)]
+    two_rounds = train(digits, "dist_bsp", {}, 6.5)
+    assert two_rounds.evaluate(6.5) == bsp.log.curve[0].accuracy
+
+
+def calibration_file(tmp_path, interference=None):
+    """A ``plan calibrate`` JSON with hand-set costs and LeNet's profile: 1 ms + 0.1 ms per
+    sample of compute."""
+    import json
+
+    from kvstore_ext.plan.model import Costs
+    costs = Costs(interference=interference or {1: 1.0})
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"coefficients": costs.to_dict(), "profiles": {
+        "lenet": {"key_sizes": [500, 20, 25000, 50, 400000, 500, 5000, 10],
+                  "compute_fixed": 1e-3, "compute_per_sample": 1e-4}}}))
+    return path
+
+
+def test_compute_from_the_calibration_times_each_virtual_workers_iterations(tmp_path):
+    """``compute: calibration``: a worker's iteration is the calibrated compute of the model at
+    its batch (1 ms + 64 x 0.1 ms = 7.4 ms), slowed by the interference of ``workers_per_host``
+    processes on a host (1.5 at 2), over its speed; straggler patterns on top."""
+    from kvstore_ext.experiments import load_experiment
+    from kvstore_ext.virtual_training import worker_clocks
+    path = calibration_file(tmp_path, {1: 1.0, 2: 1.5, 4: 2.5})
+    config = tmp_path / "compute.yaml"
+    config.write_text(f"""
+name: compute
+script: scripts/train_mnist.py
+args: {{model: lenet, batch-size: 64}}
+workers: 2
+clusters:
+  alone: {{virtual: true, compute: calibration, calibration: {path}}}
+  shared: {{virtual: true, compute: calibration, calibration: {path}, workers_per_host: 2,
+           speeds: [1.0, 0.5], patterns: ["slow:3:0:1:1"]}}
+paradigms: [{{name: BSP, kvstore: dist_bsp}}]
+""")
+    exp = load_experiment(str(config))
+    assert exp.times_iterations("shared") and not exp.uses_devices("shared")
+    alone = worker_clocks(exp, "alone", "lenet", 64)
+    assert [c.next_time(0.0) for c in alone] == pytest.approx([7.4e-3, 7.4e-3])
+    fast, slow = worker_clocks(exp, "shared", "lenet", 64)
+    assert fast.next_time(0.0) == pytest.approx(7.4e-3 * 1.5)
+    assert slow.next_time(0.5) == pytest.approx(7.4e-3 * 1.5 / 0.5 * 3)   # slowed until 1 s
+    assert slow.next_time(1.0) == pytest.approx(7.4e-3 * 1.5 / 0.5)
+    assert worker_clocks(exp, "alone", "lenet", 16)[0].next_time(0.0) == pytest.approx(2.6e-3)
+    with pytest.raises(ValueError, match="no profile of model 'alexnet_small'"):
+        worker_clocks(exp, "alone", "alexnet_small", 64)
+
+
+@pytest.mark.parametrize("cluster,message", [
+    ({"compute": "calibration"}, "compute: calibration needs calibration"),
+    ({"compute": "gpu", "calibration": "c.json"}, "compute must be calibration .* got 'gpu'"),
+    ({"compute": "calibration", "calibration": "c.json", "device": "200ms"},
+     "give device .* or compute"),
+    ({"device": "200ms", "workers_per_host": 2}, "workers_per_host is for compute"),
+    ({"compute": "calibration", "calibration": "c.json", "workers_per_host": 0},
+     "workers_per_host must be an integer >= 1, got 0"),
+    ({}, "needs device .* or compute: calibration"),
+    ({"device": "200ms", "eval_every_iterations": 0},
+     "eval_every_iterations must be an integer >= 1, got 0"),
+    ({"device": "200ms", "eval_every_iterations": 2.5},
+     "eval_every_iterations must be an integer >= 1, got 2.5"),
+    ({"device": "200ms", "eval_every": 4, "eval_every_iterations": 20},
+     "eval_every .* or eval_every_iterations .* not both"),
+    ({"compute": "calibration", "calibration": "c.json", "patterns": ["transient:2:3:2"]},
+     "transient probability must be in"),
+])
+def test_bad_compute_and_evaluation_keys_name_the_key(cluster, message):
+    from kvstore_ext.experiments import ConfigError, _cluster_options
+    with pytest.raises(ConfigError, match=message):
+        _cluster_options({"virtual": True, **cluster}, "clusters.v", 1, 8)

@@ -1,0 +1,39 @@
+"""Timing on a shared machine: calls interleaved pass after pass, summarised by a trimmed
+mean (``plan calibrate`` and the planner's measuring jobs use it alike)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def trimmed_mean(times, cut: float = 0.1) -> float:
+    """The mean of ``times`` without the lowest and highest ``cut`` of them: robust to the
+    stray slow call a shared machine adds, and, unlike the median, steady when the times
+    fall into two modes (a Horovod cycle caught or missed, a wake-up on the other core)."""
+    t = np.sort(np.asarray(times, dtype=float))
+    k = int(len(t) * cut)
+    return float(t[k:len(t) - k].mean()) if len(t) > 2 * k else float(t.mean())
+
+
+def sample(fns: dict, passes: int = 3, reps: int = 5, warmup: int = 2) -> dict:
+    """Seconds of every call of each function in ``fns`` (label -> callable): ``reps`` calls
+    in a row, the functions taken in turn, ``passes`` times over, after ``warmup`` untimed
+    calls each (MXNet allocates its memory pools in the first ones).  Interleaving spreads
+    the machine's drift over every point alike instead of bending a fitted line."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {label: [] for label in fns}
+    for _ in range(passes):
+        for label, fn in fns.items():
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                fn()
+                times[label].append(time.perf_counter() - t0)
+    return times
+
+
+def timed(fns: dict, passes: int = 3, reps: int = 5, warmup: int = 2) -> dict:
+    """The trimmed mean seconds of each function of ``fns``, sampled by :func:`sample`."""
+    return {label: trimmed_mean(t) for label, t in sample(fns, passes, reps, warmup).items()}

@@ -1,11 +1,14 @@
 """Finishing a kvstore call inside MXNet's dependency engine, as MXNet's own stores do.
 
 ``pushpull`` sends its gradients at once and returns; an operation pushed to
-MXNet's engine, which lists the output arrays as written by it, waits for the
-servers' replies on one of the engine's prioritised CPU threads and copies the
-weights in.  Anything that reads those arrays (the next forward pass) waits
-for it through the engine's ordinary dependency tracking, while the Python
-thread goes on: per-key round trips overlap instead of adding up.
+MXNet's engine (:func:`push_async`), which lists the output arrays as written
+by it, ends only when the servers' replies have been copied into them.  Anything
+that reads those arrays (the next forward pass) waits for it through the
+engine's ordinary dependency tracking, while the Python thread goes on: per-key
+round trips overlap instead of adding up.  Such an operation holds no engine
+thread while it waits: it is told to end (``done()``) by whichever thread writes
+its arrays.  The gradients go the other way through :func:`copy_to_host`, one
+copy by MXNet straight into the message's memory.
 
 The same machinery gives the Horovod stores their probes (:func:`probe`, a
 callback once arrays are ready) and :class:`SimulatedLink` (arrays held for a
@@ -45,21 +48,29 @@ _COMPLETE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_vo
 _CPU = _Context(1, 0)
 _CPU_PRIORITIZED = ctypes.c_int(3)          # mxnet::FnProperty::kCPUPrioritized
 _jobs: dict[int, tuple] = {}
-_finished: list = []        # jobs that ran; dropped by the next push, never on an engine thread
+_finished: list = []        # jobs that ended; dropped by the next push, never on an engine thread
 _ids = itertools.count(1)
 _lock = threading.Lock()
-#: array handle -> how many operations of ours that write it have not run yet (an array in
+#: array handle -> how many operations of ours that write it have not ended yet (an array in
 #: here is alive, held by its job, and allocated: its address was taken before the push)
 _writing: dict[int, int] = {}
 
 
 def _take(param):
-    """The job of ``param``; its arrays are released later on the Python thread that pushes."""
     with _lock:
-        job = _jobs.pop(param, None)
-        if job is not None:
-            _finished.append(job)
-    return job
+        return _jobs.pop(param, None)
+
+
+def _finish(job) -> None:
+    """A job has ended: its arrays are released later, on the Python thread that pushes."""
+    with _lock:
+        for h in job[2]:
+            left = _writing.get(h, 0) - 1
+            if left > 0:
+                _writing[h] = left
+            else:
+                _writing.pop(h, None)
+        _finished.append(job)
 
 
 def _run_sync(_rctx, param) -> None:
@@ -71,33 +82,40 @@ def _run_sync(_rctx, param) -> None:
     except Exception:   # never let an exception cross into the engine's C++ thread
         log.exception("kvstore_ext: an engine operation failed")
     finally:
-        _done_writing(job[2])
-
-
-def _done_writing(handles) -> None:
-    with _lock:
-        for h in handles:
-            left = _writing.get(h, 0) - 1
-            if left > 0:
-                _writing[h] = left
-            else:
-                _writing.pop(h, None)
+        _finish(job)
 
 
 def _run_async(_rctx, on_complete, param) -> None:
     job = _take(param)
-    done = _OnComplete.from_address(on_complete)
-    handle = (done.callback, done.engine, done.param)   # the struct lives on the caller's stack
+    struct = _OnComplete.from_address(on_complete)   # it lives on the caller's stack: copied
+    done = _Done((struct.callback, struct.engine, struct.param), job)
     if job is None:
-        _complete(handle)
+        done()
         return
-    job[0](handle)
+    try:
+        job[0](done)
+    except Exception:   # never let an exception cross into the engine's C++ thread
+        log.exception("kvstore_ext: an engine operation failed")
+        done()
 
 
-def _complete(handle) -> None:
-    """Tell the engine an asynchronous operation has finished (from any thread)."""
-    callback, engine, param = handle
-    _COMPLETE(callback)(engine, param, None)
+class _Done:
+    """Ends one asynchronous operation; from any thread, and only the first call counts (the
+    engine aborts on a second completion)."""
+
+    __slots__ = ("_handle", "_job", "_once")
+
+    def __init__(self, handle, job):
+        self._handle, self._job = handle, job
+        self._once = threading.Lock()
+
+    def __call__(self) -> None:
+        if self._once.acquire(blocking=False):
+            job, self._job = self._job, None
+            if job is not None:
+                _finish(job)
+            callback, engine, param = self._handle
+            _COMPLETE(callback)(engine, param, None)
 
 
 _RUN_SYNC = _SYNC_FN(_run_sync)
@@ -109,7 +127,7 @@ def _handles(arrays):
 
 
 def _register(fn, arrays, writes=()) -> int:
-    """Keep ``fn`` and its arrays alive until the engine has run it.
+    """Keep ``fn`` and its arrays alive until its operation has ended.
 
     No deleter is given to the engine: it may call one from its own thread while
     Python shuts down, which aborts the process. Nor are a job's arrays freed on
@@ -128,10 +146,6 @@ def _register(fn, arrays, writes=()) -> int:
     return job_id
 
 
-def on_cpu(arrays) -> bool:
-    return all(a.context.device_type == "cpu" for a in arrays)
-
-
 def run(fn, reads, writes, name: bytes = b"kvstore_ext") -> None:
     """Run ``fn()`` in the engine once ``reads`` are ready and nothing else uses ``writes``.
 
@@ -148,26 +162,59 @@ def push(fn, mutable, name: bytes = b"kvstore_ext") -> None:
     run(fn, [], mutable, name)
 
 
+def push_async(start, mutable, name: bytes = b"kvstore_ext") -> None:
+    """An operation that writes ``mutable`` and ends when it is told to, not when it returns.
+
+    ``start(done)`` is called on an engine thread once nothing else uses ``mutable``; it
+    should return soon.  The operation, and every later reader or writer of ``mutable``,
+    goes on once ``done()`` is called (from any thread; see :class:`_Done`).  While it waits
+    for that, it holds no engine thread.
+    """
+    _push_async(_register(start, mutable, mutable), [], mutable, name)
+
+
+def _push_async(job: int, reads, writes, name: bytes) -> None:
+    check_call(_LIB.MXEnginePushAsyncND(_RUN_ASYNC, ctypes.c_void_p(job), None, ctypes.byref(_CPU),
+                                        _handles(reads), len(reads), _handles(writes), len(writes),
+                                        ctypes.byref(_CPU_PRIORITIZED), 0, ctypes.c_char_p(name),
+                                        ctypes.c_bool(False)))
+
+
 def probe(fn, arrays, name: bytes = b"kvx_probe") -> None:
     """Run ``fn()`` in the engine once ``arrays`` are ready; it only reads them."""
     run(fn, arrays, [], name)
 
 
-def host_view(array) -> np.ndarray:
+def host_view(array, shape=None, dtype=None) -> np.ndarray:
     """A numpy array on a CPU NDArray's memory, for use inside an engine operation that lists it.
 
-    The address is taken now, on the calling thread (see :class:`Destination`).
+    The address is taken now, on the calling thread (see :class:`Destination`).  ``shape``
+    and ``dtype``, when the caller knows them, spare asking MXNet.
     """
-    dtype = np.dtype(array.dtype)
-    if array.size == 0:
-        return np.empty(array.shape, dtype)
+    shape = tuple(array.shape) if shape is None else shape
+    dtype = np.dtype(array.dtype if dtype is None else dtype)
+    size = int(np.prod(shape))
+    if size == 0:
+        return np.empty(shape, dtype)
     ptr = ctypes.c_void_p()
     check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
-    memory = (ctypes.c_char * (array.size * dtype.itemsize)).from_address(ptr.value)
-    return np.frombuffer(memory, dtype=dtype).reshape(array.shape)
+    memory = (ctypes.c_char * (size * dtype.itemsize)).from_address(ptr.value)
+    return np.frombuffer(memory, dtype=dtype).reshape(shape)
 
 
-def settled_view(array) -> np.ndarray:
+def copy_to_host(array, dest: np.ndarray) -> None:
+    """MXNet copies ``array`` into ``dest`` (C-contiguous, as many elements, the same dtype),
+    on this thread, once whatever computes ``array`` is done.
+
+    One C call: the array may live on any device or in an MKL-DNN layout (MXNet converts it
+    on the way), and no engine operation is pushed, so the values are those of the array at
+    this point of the program, as a push's read of them would be in MXNet's own stores.
+    """
+    check_call(_LIB.MXNDArraySyncCopyToCPU(array.handle, ctypes.c_void_p(dest.ctypes.data),
+                                           ctypes.c_size_t(dest.size)))
+
+
+def settled_view(array, shape=None, dtype=None) -> np.ndarray:
     """:func:`host_view` taken only once the array surely has its memory.
 
     The address is taken on the calling thread, before any operation that uses it
@@ -187,18 +234,18 @@ def settled_view(array) -> np.ndarray:
         ours = array.handle.value in _writing   # then allocated already: no need to wait
     if not ours:
         array.wait_to_read()
-    return host_view(array)
+    return host_view(array, shape, dtype)
 
 
 class Destination:
     """Where an engine operation writes an output array: its memory, located up front
-    (:func:`settled_view`)."""
+    (:func:`settled_view`; ``shape`` and ``dtype`` if the caller knows them)."""
 
     __slots__ = ("array", "flat")
 
-    def __init__(self, array):
+    def __init__(self, array, shape=None, dtype=None):
         self.array = array
-        self.flat = settled_view(array).reshape(-1)
+        self.flat = settled_view(array, shape, dtype).reshape(-1)
 
     def write(self, parts) -> None:
         """Copy in ``(start, stop, values)`` parts of the flattened array (the whole array, or
@@ -225,21 +272,16 @@ class SimulatedLink:
         self._thread.start()
 
     def hold(self, array, seconds: float) -> None:
-        job = _register(lambda handle: self._queue.put((seconds, handle)), [array])
-        handles = _handles([array])
-        check_call(_LIB.MXEnginePushAsyncND(_RUN_ASYNC, ctypes.c_void_p(job), None,
-                                            ctypes.byref(_CPU), None, 0, handles, 1,
-                                            ctypes.byref(_CPU_PRIORITIZED), 0,
-                                            ctypes.c_char_p(b"kvx_simulated_link"),
-                                            ctypes.c_bool(False)))
+        job = _register(lambda done: self._queue.put((seconds, done)), [array])
+        _push_async(job, [], [array], b"kvx_simulated_link")
 
     def _serve(self) -> None:
         free_at = 0.0
         while True:
-            seconds, handle = self._queue.get()
+            seconds, done = self._queue.get()
             start = max(time.perf_counter(), free_at)
             free_at = start + seconds
             delay = free_at - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            _complete(handle)
+            done()

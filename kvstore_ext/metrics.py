@@ -48,15 +48,18 @@ class ServerMetrics:
         self.errors = 0
         self.rejected_unauthenticated = 0
         self.messages = 0          # requests served (authenticated and well-formed)
-        #: (key, block, policy) whose decisions are reported; set by the server on its first key
+        #: (key, block, what reports that block's decisions: its ``report(wall_offset)``);
+        #: set by the server on its first key
         self.decision_log = None
         self._wall_offset = time.time() - time.monotonic()   # policies see monotonic time
 
-    def record_ok(self, worker: int, lead: int) -> None:
-        self.lead_at_ok.setdefault(worker, Histogram()).add(lead)
+    def record_ok(self, worker: int, lead: int, blocks: int = 1) -> None:
+        """``worker`` got OK at ``lead`` for ``blocks`` blocks (one count each)."""
+        self.lead_at_ok.setdefault(worker, Histogram()).add(lead, blocks)
 
-    def record_staleness(self, worker: int, staleness: int) -> None:
-        self.staleness.setdefault(worker, Histogram()).add(staleness)
+    def record_staleness(self, worker: int, staleness: int, blocks: int = 1) -> None:
+        """``blocks`` blocks of a push of ``worker`` were ``staleness`` updates stale."""
+        self.staleness.setdefault(worker, Histogram()).add(staleness, blocks)
 
     def to_dict(self) -> dict:
         return {
@@ -84,9 +87,9 @@ class ServerMetrics:
         calls and bound changes, in wall-clock times), if anything."""
         if self.decision_log is None:
             return {}
-        key, block, policy = self.decision_log
+        key, block, reporter = self.decision_log
         return {name: {"key": key, "block": block, **data}
-                for name, data in policy.report(self._wall_offset).items()}
+                for name, data in reporter.report(self._wall_offset).items()}
 
 
 class WorkerMetrics:

@@ -23,10 +23,20 @@ kvstore='dist_asp')`` works.  The server calls :meth:`DelayAwareOptimizer.update
 each push and :meth:`~DelayAwareOptimizer.pulled` when it sends a worker the weights.  A
 summing store (``dist_bsp``, ``dist_psp``) has no single τ per update: these optimizers are
 refused there.  Outside a server (a local updater, one process) ``update`` takes τ = 0.
+
+:class:`ServerOptimizer` is what the servers and the virtual-time trainer apply updates
+through: any of these, MXNet's own optimizers, and MXNet's SGD fused over many keys per kernel
+call, on a server's blocks held back to back in :class:`FlatArrays`.
 """
 from __future__ import annotations
 
+import ctypes
+import pickle
+import weakref
 from collections import Counter
+from itertools import accumulate, chain, groupby
+from operator import itemgetter
+from typing import NamedTuple
 
 import mxnet as mx
 import numpy as np
@@ -240,16 +250,157 @@ def delay_refusal(optimizer, store_type: str, asynchronous: bool) -> str | None:
             f"dist_ssp or dist_dssp (or use 'adagrad' here)")
 
 
-class ServerOptimizer:
-    """What a server runs on the gradients it gathered: MXNet's updater for the optimizer the
-    workers set, applied to a round's keys in one call, or push by push with the delay for a
-    delay-aware optimizer.  The servers and the virtual-time trainer
-    (:mod:`kvstore_ext.virtual_training`) both apply updates through this one object.
+def memory_view(array) -> np.ndarray:
+    """A numpy view of a CPU NDArray's memory (valid while the NDArray lives)."""
+    from mxnet.base import _LIB, check_call
+    ptr = ctypes.c_void_p()
+    check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
+    dtype = np.dtype(array.dtype)
+    raw = (ctypes.c_char * (array.size * dtype.itemsize)).from_address(ptr.value)
+    return np.frombuffer(raw, dtype=dtype)
+
+
+class FlatArrays:
+    """Blocks of one dtype held back to back: one flat NDArray per role (``"weight"``,
+    ``"grad"``, an optimizer's ``"momentum"``), every block a view at its offset.  Adjacent
+    blocks are then one slice: one optimizer kernel, one copy for a reply, one addition for
+    a gather.
+
+    The capacity doubles as blocks are added, so adding blocks one by one copies each element
+    O(1) times.  When the arrays move, :attr:`generation` rises: their contents move with them,
+    offsets stay, and views taken before must be taken again.
     """
 
-    #: a server updates many keys at once: fuse more of them per kernel call (the same
-    #: arithmetic per element, fewer calls)
+    MIN_CAPACITY = 1 << 12
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+        self.used = 0
+        self.capacity = 0
+        self.generation = 0
+        self._arrays: dict[str, nd.NDArray] = {}
+        self._views: dict[tuple, nd.NDArray] = {}
+        self._numpy: dict[str, np.ndarray] = {}
+
+    def add(self, size: int) -> int:
+        """Room for a block of ``size`` elements after the others; returns its offset."""
+        offset = self.used
+        if offset + size > self.capacity:
+            self._move(max(2 * self.capacity, offset + size, self.MIN_CAPACITY))
+        self.used += size
+        return offset
+
+    def array(self, role: str) -> nd.NDArray:
+        """The flat NDArray of ``role`` (zeros when first asked for)."""
+        array = self._arrays.get(role)
+        if array is None:
+            array = self._arrays[role] = self._zeros(self.capacity)
+        return array
+
+    def view(self, role: str, start: int, stop: int) -> nd.NDArray:
+        """Elements ``start:stop`` of ``role``, an NDArray that shares its memory."""
+        key = (role, start, stop)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = self.array(role)[start:stop]
+        return view
+
+    def numpy(self, role: str) -> np.ndarray:
+        """All of ``role`` as a numpy view of its memory."""
+        array = self._numpy.get(role)
+        if array is None:
+            array = self._numpy[role] = memory_view(self.array(role))
+        return array
+
+    def _zeros(self, size: int) -> nd.NDArray:
+        array = nd.zeros(size, dtype=self.dtype)
+        array.wait_to_read()   # filled before numpy views write into it, outside MXNet's engine
+        return array
+
+    def _move(self, capacity: int) -> None:
+        for role, old in self._arrays.items():
+            new = self._zeros(capacity)
+            if self.used:
+                old[:self.used].copyto(new[:self.used])
+                new.wait_to_read()
+            self._arrays[role] = new
+        self.capacity = capacity
+        self.generation += 1
+        self._views.clear()
+        self._numpy.clear()
+
+
+class Run:
+    """Blocks that lie back to back in one :class:`FlatArrays`, in storage order: their keys
+    and where each begins and ends (``bounds[i]:bounds[i + 1]``)."""
+
+    __slots__ = ("home", "keys", "bounds", "__weakref__")
+
+    def __init__(self, home: FlatArrays, keys, bounds):
+        self.home, self.keys, self.bounds = home, tuple(keys), tuple(bounds)
+
+
+class Piece(NamedTuple):
+    """Elements that one array of a multi-tensor kernel updates with one rate and decay."""
+
+    weight: nd.NDArray
+    grad: nd.NDArray
+    momentum: nd.NDArray | None
+    lr: float
+    wd: float
+    size: int
+    dtype: np.dtype
+
+
+def kernel_calls(pieces, limit: int, spare: int):
+    """``pieces`` grouped into calls of MXNet's multi-tensor kernels: one dtype a call, at most
+    ``limit`` arrays, and lengths alike.  The kernel visits every array at every index up to
+    the longest length, so an array batched with a longer one costs that difference in
+    visits; it joins the call only when the difference is at most ``spare`` (about what a
+    call of its own would cost)."""
+    call: list = []
+    for piece in sorted(pieces, key=lambda p: (p.dtype.str, -p.size)):
+        if call and (piece.dtype != call[0].dtype or len(call) == limit or
+                     call[0].size - piece.size > spare):
+            yield call
+            call = []
+        call.append(piece)
+    if call:
+        yield call
+
+
+def equal_rate_spans(lrs, wds, first: int, last: int):
+    """The maximal spans ``(a, b)`` of ``first:last`` whose keys share learning rate and
+    weight decay."""
+    a = first
+    for i in range(first + 1, last):
+        if lrs[i] != lrs[a] or wds[i] != wds[a]:
+            yield a, i
+            a = i
+    yield a, last
+
+
+class ServerOptimizer:
+    """What a server runs on the gradients it gathered: MXNet's optimizer (the one the workers
+    set), applied to a round's keys in one go, or push by push with the delay for a delay-aware
+    optimizer.  The servers and the virtual-time trainer (:mod:`kvstore_ext.virtual_training`)
+    both apply updates through this one object.
+
+    MXNet's SGD, the optimizer of nearly every job, is run here on MXNet's own multi-tensor
+    kernels (``multi_sgd_update``, ``multi_sgd_mom_update``) with the update counts, learning
+    rates (scheduler and ``lr_mult`` included) and weight decays MXNet's optimizer gives key by
+    key: the same arithmetic per element, in fewer calls.  Blocks held in :class:`FlatArrays`
+    (a server's) are updated a run at a time: one kernel array for all the adjacent keys that
+    share their rates, their momentum kept in the same flat storage.  Other optimizers go
+    through MXNet's Updater.
+    """
+
+    #: keys per call of MXNet's Updater (other optimizers): more than its default, fewer calls
     AGGREGATE_KEYS = 32
+    #: arrays one call of MXNet's multi-tensor SGD kernels takes at most
+    KERNEL_ARRAYS = 60
+    #: visits beyond its arrays' elements that one kernel call may waste (:func:`kernel_calls`)
+    SPARE_VISITS = 1 << 15
 
     def __init__(self, optimizer, store_type: str, asynchronous: bool):
         problem = delay_refusal(optimizer, store_type, asynchronous)
@@ -259,6 +410,10 @@ class ServerOptimizer:
             optimizer.aggregate_num = max(optimizer.aggregate_num, self.AGGREGATE_KEYS)
         self.updater = mx.optimizer.get_updater(optimizer)
         self.delay_aware = needs_delay(optimizer)
+        # exactly MXNet's SGD: a subclass may update otherwise
+        self.fused_sgd = type(optimizer) is mx.optimizer.SGD
+        self._flat: dict = {}    # key -> (FlatArrays, start, stop) holding its momentum
+        self._bound = weakref.WeakKeyDictionary()   # Run -> (generation, momentum) bound at
         # a pool tunes these from the values the workers set (a scheduler keeps its own lr)
         self.base_hyper = {"lr": None if optimizer.lr_scheduler else optimizer.lr,
                            "momentum": getattr(optimizer, "momentum", None)}
@@ -275,8 +430,138 @@ class ServerOptimizer:
             for key, grad, weight in zip(keys, grads, weights):
                 self.optimizer.update_delayed(key, weight, grad, self.state(key, weight),
                                               worker, delay)
+            return
+        keys, grads, weights = list(keys), list(grads), list(weights)
+        if not self.fused_sgd:
+            self.updater(keys, grads, weights)
+            return
+        dtypes = [np.dtype(w.dtype) for w in weights]
+        fused = [i for i, dtype in enumerate(dtypes) if self._fusable(dtype)]
+        if len(fused) < len(keys):
+            taken = set(fused)
+            rest = [i for i in range(len(keys)) if i not in taken]
+            self.updater([keys[i] for i in rest], [grads[i] for i in rest],
+                         [weights[i] for i in rest])
+        if not fused:
+            return
+        lrs, wds = self._rates([keys[i] for i in fused], weights[fused[0]].context.device_id)
+        momentum = self.optimizer.momentum > 0
+        states = [self._sgd_state(keys[i], weights[i], momentum) for i in fused]
+        self._launch([Piece(weights[i], grads[i], state if momentum else None, lr, wd,
+                            weights[i].size, dtypes[i])
+                      for i, state, lr, wd in zip(fused, states, lrs, wds)])
+
+    def apply_runs(self, runs) -> None:
+        """One update of blocks held in :class:`FlatArrays` (a server's), given as runs of
+        adjacent blocks: with MXNet's SGD, one kernel array for each stretch of a run whose
+        keys share their rates (all of it, usually)."""
+        fused = [run for run in runs if self._fusable(run.home.dtype)]
+        if len(fused) < len(runs):
+            keys, grads, weights = [], [], []
+            for run in runs:
+                if run not in fused:
+                    for key, start, stop in zip(run.keys, run.bounds, run.bounds[1:]):
+                        keys.append(key)
+                        grads.append(run.home.view("grad", start, stop))
+                        weights.append(run.home.view("weight", start, stop))
+            self.apply(keys, grads, weights)
+        if not fused:
+            return
+        lrs, wds = self._rates(list(chain.from_iterable(run.keys for run in fused)))
+        momentum = self.optimizer.momentum > 0
+        uniform = lrs.count(lrs[0]) == len(lrs) and wds.count(wds[0]) == len(wds)
+        pieces, first = [], 0
+        for run in fused:
+            self._bind(run, momentum)
+            home, last = run.home, first + len(run.keys)
+            spans = [(first, last)] if uniform else equal_rate_spans(lrs, wds, first, last)
+            for a, b in spans:
+                start, stop = run.bounds[a - first], run.bounds[b - first]
+                pieces.append(Piece(home.view("weight", start, stop),
+                                    home.view("grad", start, stop),
+                                    home.view("momentum", start, stop) if momentum else None,
+                                    lrs[a], wds[a], stop - start, home.dtype))
+            first = last
+        self._launch(pieces)
+
+    def _fusable(self, dtype) -> bool:
+        """Whether keys of ``dtype`` take the fused SGD (MXNet's Updater keeps float16 with a
+        float32 master copy, and refuses what is not a float)."""
+        return self.fused_sgd and dtype.kind == "f" and \
+            not (self.optimizer.multi_precision and dtype == np.float16)
+
+    def _rates(self, keys, device_id: int = 0):
+        """Count one update of each of ``keys`` and give each its learning rate and weight
+        decay, as MXNet's optimizer does when it updates them one by one in this order: with a
+        scheduler, key i's rate is taken at the update count reached by then."""
+        opt = self.optimizer
+        opt._set_current_context(device_id)
+        counts, begin = opt._index_update_count, opt.begin_num_update
+        new = [counts.get(key, begin) + 1 for key in keys]
+        counts.update(zip(keys, new))
+        running = list(accumulate([opt.num_update, *new], max))[1:]
+        if opt.lr_scheduler is None or running[0] == running[-1]:
+            opt.num_update = running[-1]
+            lrs = opt._get_lrs(keys)
         else:
-            self.updater(list(keys), list(grads), list(weights))
+            lrs = []
+            for count, same in groupby(zip(running, keys), key=itemgetter(0)):
+                opt.num_update = count
+                lrs.extend(opt._get_lrs([key for _, key in same]))
+        return lrs, opt._get_wds(keys)
+
+    def _sgd_state(self, key, weight, momentum: bool):
+        """The state of a key updated from a list, made as MXNet's Updater makes it."""
+        state = self.state(key, weight)
+        if state is None and momentum:   # momentum set after the state was made without it
+            state = self.updater.states[key] = nd.zeros(weight.shape, weight.context,
+                                                        dtype=weight.dtype)
+        return state
+
+    def _bind(self, run: Run, momentum: bool) -> None:
+        """Give ``run``'s keys their states as MXNet's SGD holds them: with momentum, views
+        into the run's flat storage (a state loaded with :meth:`set_states` is copied in,
+        else zeros), otherwise None.  Done once per run and per move of its storage."""
+        home = run.home
+        mark = (home.generation, momentum)
+        if self._bound.get(run) == mark:
+            return
+        states, synced = self.updater.states, self.updater.states_synced
+        for key, start, stop in zip(run.keys, run.bounds, run.bounds[1:]):
+            if not momentum:
+                if key not in states:
+                    states[key], synced[key] = None, True
+                continue
+            view = home.view("momentum", start, stop)
+            if self._flat.get(key) != (home, start, stop):
+                loaded = states.get(key)
+                if loaded is None:
+                    view[:] = 0
+                elif isinstance(loaded, nd.NDArray) and loaded.size == stop - start:
+                    loaded.reshape((-1,)).copyto(view)
+                else:
+                    raise ValueError(f"key {key!r}: its optimizer state {loaded!r:.80} is not "
+                                     f"SGD's momentum for {stop - start} elements")
+                self._flat[key] = (home, start, stop)
+            states[key], synced[key] = view, True
+        self._bound[run] = mark
+
+    def _launch(self, pieces) -> None:
+        """MXNet's multi-tensor SGD kernels over ``pieces``, with the arguments MXNet's SGD
+        gives them."""
+        opt = self.optimizer
+        kwargs = {"rescale_grad": opt.rescale_grad}
+        if opt.clip_gradient:
+            kwargs["clip_gradient"] = opt.clip_gradient
+        momentum = opt.momentum > 0
+        if momentum:
+            kwargs["momentum"] = opt.momentum
+        update = nd.multi_sgd_mom_update if momentum else nd.multi_sgd_update
+        width = 3 if momentum else 2
+        for call in kernel_calls(pieces, self.KERNEL_ARRAYS, self.SPARE_VISITS):
+            update(*chain.from_iterable(p[:width] for p in call), out=[p.weight for p in call],
+                   num_weights=len(call), lrs=[p.lr for p in call], wds=[p.wd for p in call],
+                   **kwargs)
 
     def state(self, key, weight):
         """The updater's state of ``key``, made as MXNet's Updater makes it."""
@@ -285,6 +570,22 @@ class ServerOptimizer:
             states[key] = self.optimizer.create_state_multi_precision(key, weight)
             self.updater.states_synced[key] = True
         return states[key]
+
+    def get_states(self) -> bytes:
+        """The states pickled as MXNet's ``Updater.get_states`` pickles them (a state kept in
+        flat storage is copied out of it)."""
+        states = dict(self.updater.states)
+        for key, (home, start, stop) in self._flat.items():
+            states[key] = home.view("momentum", start, stop).copy()
+        return pickle.dumps(states)
+
+    def set_states(self, states: dict) -> None:
+        """Take ``states`` (as :meth:`get_states` gives them); flat storage copies them in at
+        the next update."""
+        self.updater.states = states
+        self.updater.states_synced = dict.fromkeys(states, False)
+        self._flat.clear()
+        self._bound.clear()
 
     def pulled(self, key, weight, worker: int) -> None:
         """``worker`` is being sent ``key``'s weights (a delay-aware optimizer keeps them)."""

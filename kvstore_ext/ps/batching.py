@@ -1,4 +1,4 @@
-"""Per-key calls gathered into one message per server.
+"""A round of the worker's store: its gradients staged, its calls gathered, its replies written.
 
 Stock ``gluon.Trainer`` calls ``pushpull`` once per parameter.  Each call
 returns at once (its result arrives through MXNet's engine), so calls can be
@@ -8,13 +8,154 @@ comes round to its last key (learned from the first step: the key before the
 first key came again), when a key would appear twice, when any other call
 needs the store, or, as a backstop, when an engine operation waits for a
 batch that nobody sent and no call has joined it for ``QUIET`` seconds.
+
+The gradients of a round are copied into one :class:`Staging` buffer, checked
+only when their arrays change (:class:`CheckedArrays`), and the replies are
+written into the weights of all the round's calls by one :class:`WriteBack`.
+Everything here is plain logic: the store gives it MXNet's arrays and engine.
 """
 from __future__ import annotations
 
 import threading
 import time
 
+import numpy as np
+
 QUIET = 0.001
+#: segments of a staging buffer start at multiples of this many bytes (aligned for any dtype)
+ALIGN = 64
+#: the least a staging buffer holds: the gradients of several per-key calls share one
+CHUNK_BYTES = 4 << 20
+
+
+def layout(sizes) -> tuple[list[int], int]:
+    """Offsets of segments of ``sizes`` bytes laid end to end, each at a multiple of
+    :data:`ALIGN`, and the bytes they take in all."""
+    offsets, end = [], 0
+    for n in sizes:
+        offsets.append(end)
+        end += -(-n // ALIGN) * ALIGN
+    return offsets, end
+
+
+class Staging:
+    """Host memory that the pushed values are copied into, in one piece per call.
+
+    Bytes are never handed out twice: ZeroMQ sends large frames without copying
+    them, so a message's buffers may still be in use when the next call comes.
+    Each call takes fresh bytes from the current buffer (a new one when it is full),
+    so the calls of one step mostly share a buffer, and a buffer is freed with the
+    last message that holds a slice of it.
+    """
+
+    def __init__(self, chunk_bytes: int = CHUNK_BYTES):
+        self._chunk_bytes = chunk_bytes
+        self._buffer = np.empty(0, np.uint8)
+        self._used = 0
+
+    def take(self, sizes) -> list[np.ndarray]:
+        """Segments of ``sizes`` bytes (uint8, aligned), side by side in one buffer."""
+        offsets, total = layout(sizes)
+        if self._used + total > self._buffer.size:
+            self._buffer = np.empty(max(total, self._chunk_bytes), np.uint8)
+            self._used = 0
+        base, self._used = self._used, self._used + total
+        return [self._buffer[base + o:base + o + n] for o, n in zip(offsets, sizes)]
+
+
+class CheckedArrays:
+    """What a key's arrays were found to be when they passed their checks, kept while the
+    caller passes the very same arrays (``gluon.Trainer`` passes the same gradients and
+    weights every step), so that a step asks MXNet nothing it already said.
+
+    The same array is the same object with the same handle; an entry holds its arrays, so
+    a handle cannot be reused meanwhile.  Other arrays (a ``Trainer`` or a parameter made
+    anew, new arrays at every call) are checked again and replace the entry: one entry per
+    key and role, never more.
+    """
+
+    def __init__(self):
+        self._entries: dict = {}
+
+    def get(self, slot, arrays):
+        """What was learned (never None) when these very ``arrays`` passed for ``slot``, or None."""
+        entry = self._entries.get(slot)
+        if entry is None or len(entry[0]) != len(arrays):
+            return None
+        known, handles, learned = entry
+        for a, b, handle in zip(arrays, known, handles):
+            if a is not b or a.handle.value != handle:
+                return None
+        return learned
+
+    def put(self, slot, arrays, learned) -> None:
+        self._entries[slot] = (tuple(arrays), tuple(a.handle.value for a in arrays), learned)
+
+
+class WriteBack:
+    """The values one round brings back, written into the arrays of all its calls at once.
+
+    Each call of the round still gives MXNet's engine an operation of its own, listing the
+    call's arrays as written (:func:`kvstore_ext.engine.push_async`): the engine fixes an
+    operation's arrays when it is pushed, and a call must have marked its arrays before it
+    returns, while the next call of the round has not been made yet.  What the engine does
+    not need is a thread per call: an operation that MXNet starts (its arrays are free) only
+    registers here and returns.  The first of them waits for the values (the one thread that
+    waits), then writes every call registered by then and ends their operations; a call
+    that starts later writes its own at once.  Each array is written by its own call's
+    operation, so readers wait for it and nothing else does, and an array of two calls is
+    written in call order (the engine starts the second only when the first has ended).
+
+    A failure (no values, or a value that does not fit) goes to ``fail`` once and ends the
+    operations without writing, as a partial pull leaves a block it did not bring.
+    """
+
+    def __init__(self, fetch, fail):
+        self._fetch = fetch          # () -> {key: [(start, stop, values), ...]}; blocks
+        self._fail = fail            # (exception) -> None: the next call raises it
+        self._lock = threading.Lock()
+        self._ready: list = []       # (targets, done) of operations started, not written yet
+        self._waiting = False
+        self._settled = False
+        self._values: dict = {}
+        self._error: Exception | None = None
+
+    def start(self, targets, done) -> None:
+        """An operation of the round has started: ``targets`` are its ``(key, destination)``
+        pairs in writing order, ``done()`` ends it."""
+        with self._lock:
+            if self._settled:
+                entries = [(targets, done)]
+            else:
+                self._ready.append((targets, done))
+                if self._waiting:
+                    return
+                self._waiting = True
+                entries = None
+        self._write(entries if entries is not None else self._settle())
+
+    def _settle(self) -> list:
+        try:
+            values, error = self._fetch(), None
+        except Exception as exc:
+            values, error = {}, exc
+            self._fail(exc)
+        with self._lock:
+            self._values, self._error, self._settled = values, error, True
+            self._fetch = None       # it holds the round: no cycle through it
+            entries, self._ready = self._ready, []
+        return entries
+
+    def _write(self, entries) -> None:
+        for targets, done in entries:
+            try:
+                if self._error is None:
+                    for key, destination in targets:
+                        destination.write(self._values.get(key, ()))   # none: a partial pull
+            except Exception as exc:
+                self._fail(exc)
+            finally:
+                done()
 
 
 class Batch:
@@ -29,8 +170,7 @@ class Batch:
         self.sent = threading.Event()
         self.tickets = None
         self.error: Exception | None = None
-        self._values = None
-        self._values_lock = threading.Lock()
+        self.write_back = None       # what writes the replies of the batch's calls
 
     def add(self, plan, key) -> None:
         for server, (items, bufs, where) in plan.items():
@@ -43,19 +183,13 @@ class Batch:
         self.keys.add(key)
         self.last_key = key
 
-    def values(self, compute) -> dict:
-        """The pulled values of every key, assembled once for all the calls of the batch."""
-        with self._values_lock:
-            if self._values is None:
-                self._values = compute()
-            return self._values
-
 
 class Coalescer:
     """Holds the open batch and decides when it goes out."""
 
-    def __init__(self, send, clock=time.monotonic):
+    def __init__(self, send, write_back=None, clock=time.monotonic):
         self._send = send            # plan messages -> tickets
+        self._write_back = write_back   # batch -> its Batch.write_back, made as it opens
         self._clock = clock          # what "quiet for QUIET seconds" is measured with
         self._lock = threading.Lock()
         self._open: Batch | None = None
@@ -72,6 +206,8 @@ class Coalescer:
                 batch = None
             if batch is None:
                 batch = self._open = Batch(op)
+                if self._write_back is not None:
+                    batch.write_back = self._write_back(batch)
                 if self.cycle_end is None and key == self._previous[0]:
                     self.cycle_end = self._previous[1]   # the last batch was one whole step
             batch.add(plan, key)

@@ -8,9 +8,11 @@ Run as ``python -m kvstore_ext.ps.server`` inside a job (launch.py does it).
 """
 from __future__ import annotations
 
+import copy
 import heapq
 import itertools
 import logging
+import operator
 import os
 import pickle
 import sys
@@ -37,15 +39,14 @@ SYNCHRONOUS_ENGINE = False
 MAX_REPLY_HOLD_S = 0.02
 
 
-def memory_view(array) -> np.ndarray:
-    """A numpy view of a CPU NDArray's memory (valid while the NDArray lives)."""
-    import ctypes
-    from mxnet.base import _LIB, check_call
-    ptr = ctypes.c_void_p()
-    check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
-    dtype = np.dtype(array.dtype)
-    raw = (ctypes.c_char * (array.size * dtype.itemsize)).from_address(ptr.value)
-    return np.frombuffer(raw, dtype=dtype)
+#: a group's run of adjacent blocks smaller than this on average (bytes) is summed from one
+#: joined copy of its pushed arrays: one addition instead of one per block
+JOIN_BELOW_BYTES = 1 << 16
+#: distinct item lists a server remembers the resolution of (:class:`Route`)
+MAX_ROUTES = 4096
+#: what identifies a request item's block and its checks (a pushed block's stamp is not part)
+ITEM_BLOCK = operator.itemgetter(KEY, BLOCK, DTYPE, SIZE)
+NBYTES = operator.attrgetter("nbytes")
 
 
 class RequestError(Exception):
@@ -53,52 +54,175 @@ class RequestError(Exception):
 
 
 class Slot:
-    """One block of one key: its weights, gathered gradient, version and policy."""
+    """One block of one key: where its weights and gradient live (views into the flat storage
+    of its dtype, :class:`~kvstore_ext.optimizers.FlatArrays`), and its :class:`Group`."""
 
-    __slots__ = ("key", "block", "shape", "dtype", "size", "weight", "grad", "acc", "gathered",
-                 "version", "policy", "waiting", "pulled", "cache", "cache_version", "held")
+    __slots__ = ("key", "block", "shape", "dtype", "size", "home", "offset", "place", "weight",
+                 "grad", "acc", "group")
 
-    def __init__(self, key, block, shape, dtype, value: np.ndarray, policy):
+    def __init__(self, key, block, shape, dtype, size: int, home, offset: int, place: int):
         self.key, self.block, self.shape, self.dtype = key, block, tuple(shape), np.dtype(dtype)
-        self.size = value.size
-        self.weight = mx.nd.array(value, dtype=self.dtype)
-        self.grad = mx.nd.zeros(self.size, dtype=self.dtype)
-        # with the synchronous engine, gradients are summed straight into the NDArray's memory
-        self.acc = memory_view(self.grad) if SYNCHRONOUS_ENGINE else np.zeros(self.size, self.dtype)
-        self.gathered = 0
-        self.version = 0
-        self.policy = policy
-        self.waiting: dict[int, deque] = {}
-        self.pulled: dict[int, int] = {}
-        self.cache = None
-        self.cache_version = -1
-        self.held: deque = deque()   # pushes for a later round: (worker, grad, pending)
+        self.size, self.home, self.offset = size, home, offset
+        self.place = (place, offset)   # storage order: the home's rank, then the offset
+        self.group: Group | None = None
+        self.bind()
 
-    def name(self) -> str:
-        return f"key {self.key!r}" + (f" block {self.block}" if self.block else "")
+    def bind(self) -> None:
+        """Take the views of the block's arrays (again, once its storage has moved)."""
+        end = self.offset + self.size
+        self.weight = self.home.view("weight", self.offset, end)
+        self.grad = self.home.view("grad", self.offset, end)
+        self.acc = self.home.numpy("grad")[self.offset:end]   # gradients are summed here
 
-    def gather(self, grad: np.ndarray) -> None:
-        if self.gathered:
-            np.add(self.acc, grad, out=self.acc)
+    @property
+    def version(self) -> int:
+        return self.group.version
+
+    def report(self, wall_offset: float = 0.0) -> dict:
+        """What the policy deciding for this block reports (the metrics' decision log)."""
+        return self.group.policy.report(wall_offset)
+
+
+def storage_runs(slots) -> list[list[Slot]]:
+    """``slots``, in their order, cut wherever a block does not follow the one before it in
+    storage: each part is one slice of one flat array."""
+    runs: list[list[Slot]] = []
+    for slot in slots:
+        last = runs[-1][-1] if runs else None
+        if last is not None and last.home is slot.home and last.offset + last.size == slot.offset:
+            runs[-1].append(slot)
         else:
-            np.copyto(self.acc, grad)
+            runs.append([slot])
+    return runs
+
+
+def add_into(acc: np.ndarray, grad: np.ndarray, first: bool) -> None:
+    """Sum ``grad`` into ``acc``; the first gradient of a round is copied."""
+    if first:
+        np.copyto(acc, grad)
+    else:
+        np.add(acc, grad, out=acc)
+
+
+class Group:
+    """Blocks that have seen the same events, so that one policy object decides for all of
+    them.  A push of a whole group is one policy call, one sum per run of adjacent blocks and
+    one optimizer call, whatever the number of keys.
+
+    The blocks a worker initialises together start in one group (the policies of per-key
+    models would see the same pushes in the same order).  When a request names only some of a
+    group's blocks, :meth:`Server.split` parts it: the named blocks get a copy of everything
+    (policy, waiting requests, held pushes, counts), so each part goes on exactly as the
+    per-block policies would.
+    """
+
+    __slots__ = ("policy", "slots", "runs", "waiting", "held", "gathered", "version", "pulled",
+                 "fresh")
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.slots: list[Slot] = []
+        self.runs: list = []   # (optimizers.Run, its slots, summed from one joined copy?)
+        self.waiting: dict[int, deque] = {}   # worker -> its pushes waiting for OK
+        self.held: deque = deque()   # pushes for a later round: (worker, arrays, pending)
+        self.gathered = 0            # pushes summed since the last update
+        self.version = 0             # updates applied
+        self.pulled: dict[int, int] = {}   # worker -> the version it was last sent
+        self.fresh = True            # no event has reached the policy yet
+
+    def open_to_new_blocks(self) -> bool:
+        """Whether a block initialised now starts exactly where this group stands."""
+        return self.fresh and not self.waiting and not self.held
+
+    def hold(self, slots) -> None:
+        """Make ``slots`` this group's blocks, in storage order."""
+        from ..optimizers import Run
+        self.slots = sorted(slots, key=operator.attrgetter("place"))
+        self.runs = []
+        for run in storage_runs(self.slots):
+            bounds = [s.offset for s in run] + [run[-1].offset + run[-1].size]
+            joined = len(run) > 1 and \
+                (bounds[-1] - bounds[0]) * run[0].dtype.itemsize < JOIN_BELOW_BYTES * len(run)
+            self.runs.append((Run(run[0].home, [s.key for s in run], bounds), run, joined))
+        for slot in self.slots:
+            slot.group = self
+
+    def holds_push_of(self, worker: int) -> bool:
+        return any(h[0] == worker for h in self.held)
+
+    def gather(self, arrays) -> None:
+        """Sum one push of the group's blocks (``arrays``: their buffers, in the group's order)
+        into their gradients."""
+        first, i = self.gathered == 0, 0
+        for run, slots, joined in self.runs:
+            n = len(slots)
+            if joined:
+                home = run.home
+                add_into(home.numpy("grad")[run.bounds[0]:run.bounds[-1]],
+                         np.frombuffer(b"".join(arrays[i:i + n]), dtype=home.dtype), first)
+            else:
+                for slot, buf in zip(slots, arrays[i:i + n]):
+                    add_into(slot.acc, np.frombuffer(buf, dtype=slot.dtype), first)
+            i += n
         self.gathered += 1
 
-    def value(self) -> np.ndarray:
-        if self.cache_version != self.version:
-            self.cache = self.weight.asnumpy()
-            self.cache_version = self.version
-        return self.cache
+
+class Route:
+    """What one list of request items resolves to, kept per distinct list so that a request
+    like an earlier one costs no look-up per item: its slots (checked against the items), the
+    bytes each item must bring, its runs of adjacent blocks for the replies, and, while no
+    group changes, the groups that cover it (:meth:`Server.route_parts`)."""
+
+    __slots__ = ("slots", "nbytes", "replies", "parts", "epoch")
+
+    def __init__(self, slots):
+        self.slots = slots
+        self.nbytes = [s.size * s.dtype.itemsize for s in slots]
+        self.replies = reply_runs(slots)
+        self.parts: list = []
+        self.epoch = -1
+
+
+def reply_runs(slots) -> list[tuple]:
+    """How to copy the weights of ``slots`` for a reply: per run of adjacent blocks, its
+    storage, where it begins and ends, and each block's place in the copy."""
+    out = []
+    for run in storage_runs(slots):
+        start = run[0].offset
+        out.append((run[0].home, start, run[-1].offset + run[-1].size,
+                    [(s.offset - start, s.offset - start + s.size) for s in run]))
+    return out
+
+
+def snapshot(runs) -> list[np.ndarray]:
+    """Copies of the weights ``runs`` (from :func:`reply_runs`) describe, one copy per run:
+    a reply may leave after the weights have changed again."""
+    values = []
+    for home, start, stop, cuts in runs:
+        taken = home.numpy("weight")[start:stop].copy()
+        values.extend(taken[a:b] for a, b in cuts)
+    return values
+
+
+def picker(positions: list[int], count: int):
+    """What takes the arrays at ``positions`` out of a request's ``count`` arrays: None when
+    that is all of them in order."""
+    if positions == list(range(count)):
+        return None
+    if len(positions) == 1:
+        (i,) = positions
+        return lambda arrays: (arrays[i],)
+    return operator.itemgetter(*positions)
 
 
 class Pending:
-    """A request that waits for OK on some of its slots."""
+    """A request that waits for OK from some of its groups."""
 
-    __slots__ = ("ident", "seq", "worker", "slots", "outstanding", "with_values", "extra")
+    __slots__ = ("ident", "seq", "worker", "route", "outstanding", "with_values", "extra")
 
-    def __init__(self, ident, seq, worker, slots, with_values):
+    def __init__(self, ident, seq, worker, route: Route, with_values, outstanding: int = 0):
         self.ident, self.seq, self.worker = ident, seq, worker
-        self.slots, self.outstanding, self.with_values = slots, len(slots), with_values
+        self.route, self.outstanding, self.with_values = route, outstanding, with_values
         self.extra = None   # what the reply tells the worker besides OK (a pool's batch size)
 
 
@@ -129,10 +253,14 @@ class Server:
         self.sched_monitor = self.sched.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.sched.connect(env.scheduler_address)
         self.slots: dict[tuple, Slot] = {}
+        self.homes: dict = {}            # dtype -> FlatArrays holding that dtype's blocks
+        self.groups: list[Group] = []
+        self.group_epoch = 0             # rises whenever groups change (routes re-check)
+        self.routes: dict[tuple, Route] = {}
+        self.last_values: tuple = (None, [])   # ((route, epoch, versions), weights copied)
         self.init_waiting: list[InitWait] = []
         self.init_seen: dict[tuple, set] = {}   # (key, block) -> workers that initialised it
         self.optimizer = None   # the ServerOptimizer the workers set
-        self._pool_slot = None
         self.pooled = False   # dist_pool: a worker pool decides who computes (set at start)
         self.joined: set[int] = set()   # workers that joined the running job
         self.optimizer_blob: bytes | None = None
@@ -222,28 +350,40 @@ class Server:
             self._send_values(p)
 
     def _send_values(self, p: Pending) -> None:
-        values = []
-        for slot in p.slots:
-            values.append(slot.value())
-            self.sent_weights(slot, p.worker)
+        values = self.values(p.route)
+        self.sent_weights(self.route_parts(p.route), p.worker)
         # one reply carries every block: it is as late as its latest block
         late = max(self._lateness(len(values)), default=0.0)
         self._send_later(p, {"op": Op.REPLY, "seq": p.seq, "ok": True, **(p.extra or {})},
                          values, late)
 
+    def values(self, route: Route) -> list[np.ndarray]:
+        """The weights of a route's blocks as they are now, copied one run of adjacent blocks
+        at a time.  The last copy serves the replies that follow it (the replies of one round
+        come one after another) until one of its groups changes; only one is kept, so the
+        copies held are bounded by what is in flight."""
+        parts = self.route_parts(route)
+        at = (route, self.group_epoch, [group.version for group, _, _ in parts])
+        if self.last_values[0] != at:
+            self.last_values = (at, snapshot(route.replies))
+        return self.last_values[1]
+
     def send_part(self, p, indices) -> None:
         """Some blocks of a partial pull (``dist_psp``), with their versions; a block the fault
         plan delays goes in a later part of its own.  The worker counts the blocks it has."""
-        groups: dict[float, list[int]] = {}
+        by_lateness: dict[float, list[int]] = {}
         for i, late in zip(indices, self._lateness(len(indices))):
-            groups.setdefault(late, []).append(i)
-        for late, group in groups.items():
-            slots = [p.slots[i] for i in group]
-            for slot in slots:
-                self.sent_weights(slot, p.worker)
-            header = {"op": Op.REPLY, "seq": p.seq, "ok": True, "part": group,
-                      "versions": [s.version for s in slots]}
-            self._send_later(p, header, [s.value() for s in slots], late)
+            by_lateness.setdefault(late, []).append(i)
+        for late, chosen in by_lateness.items():
+            if len(chosen) == len(p.route.slots):   # all of it: the route's copies serve
+                values, parts = self.values(p.route), self.route_parts(p.route)
+            else:
+                slots = [p.route.slots[i] for i in chosen]
+                values, parts = snapshot(reply_runs(slots)), self.parts(slots)
+            self.sent_weights(parts, p.worker)
+            header = {"op": Op.REPLY, "seq": p.seq, "ok": True, "part": chosen,
+                      "versions": [p.route.slots[i].version for i in chosen]}
+            self._send_later(p, header, values, late)
 
     def _lateness(self, blocks: int) -> list[float]:
         """Seconds the fault plan holds back each of ``blocks`` block replies (0: on time)."""
@@ -406,18 +546,15 @@ class Server:
 
         ``kind`` tells the workers which exception to raise (see ``link.ERROR_KINDS``)."""
         self.failure, self.failure_kind = message, kind
-        for slot in self.slots.values():
-            for queue in slot.waiting.values():
-                for p in queue:
-                    if p.outstanding > 0:
-                        p.outstanding = 0
-                        self.reply_error(p.ident, p.seq, message, p.worker)
-            slot.waiting.clear()
-            for _, _, p in slot.held:
+        for group in self.groups:
+            pending = [p for queue in group.waiting.values() for p in queue]
+            pending += [p for _, _, p in group.held]
+            for p in pending:
                 if p.outstanding > 0:
                     p.outstanding = 0
                     self.reply_error(p.ident, p.seq, message, p.worker)
-            slot.held.clear()
+            group.waiting.clear()
+            group.held.clear()
         for w in self.init_waiting:
             self.reply_error(w.ident, w.seq, message, w.worker)
         self.init_waiting = []
@@ -435,7 +572,10 @@ class Server:
         self.members.add(rank)
         self.joined.add(rank)
         now = time.monotonic()
-        decisions = [(slot, slot.policy.add_worker(rank, now)) for slot in self.slots.values()]
+        decisions = []
+        for group in self.groups:
+            group.fresh = False
+            decisions.append((group, group.policy.add_worker(rank, now)))
         log.info("server %d: worker %d joined the job", self.rank, rank)
         self.carry_out(decisions)
 
@@ -449,10 +589,11 @@ class Server:
             return
         now = time.monotonic()
         decisions = []
-        for slot in self.slots.values():
-            slot.waiting.pop(rank, None)
-            slot.held = deque(h for h in slot.held if h[0] != rank)
-            decisions.append((slot, slot.policy.remove_worker(rank, now)))
+        for group in self.groups:
+            group.waiting.pop(rank, None)
+            group.held = deque(h for h in group.held if h[0] != rank)
+            group.fresh = False
+            decisions.append((group, group.policy.remove_worker(rank, now)))
         if self.optimizer is not None:   # what the optimizer kept for the worker goes with it
             self.optimizer.forget(rank)
         self.carry_out(decisions)
@@ -503,13 +644,7 @@ class Server:
                         value = array_from_buffer(buf, dtype, (size,))
                     except ValueError as exc:
                         raise RequestError(f"init: key {key!r}: {exc}") from None
-                    # all keys move together: the first key's policy logs the decisions
-                    record = self.metrics.decision_log is None
-                    policy = (self.handler.make_policy() if self.handler is not None else
-                              self.row.make_policy(self.members, self.store_params, record))
-                    if self.metrics.decision_log is None:
-                        self.metrics.decision_log = (key, block, policy)
-                    self.slots[(key, block)] = Slot(key, block, shape, dtype, value, policy)
+                    self.slots[(key, block)] = self.new_slot(key, block, shape, value)
         blocks = {(i[KEY], i[BLOCK]) for i in items}
         for block in blocks:
             self.init_seen.setdefault(block, set()).add(worker)
@@ -518,6 +653,38 @@ class Server:
         self.init_waiting.append(waiter)
         self.at(waiter.deadline, lambda: self.expire_init(waiter))
         self.release_inits()
+
+    def new_slot(self, key, block, shape, value: np.ndarray) -> Slot:
+        """A block holding ``value``, placed after the others of its dtype in their flat
+        storage.  It joins the group of the blocks initialised before it while nothing has
+        happened to that group (a new policy would start exactly where it stands), else it
+        starts a group with a new policy."""
+        from ..optimizers import FlatArrays
+        home = self.homes.get(value.dtype)
+        if home is None:
+            home = self.homes[value.dtype] = FlatArrays(value.dtype)
+        moves = home.generation
+        offset = home.add(value.size)
+        if home.generation != moves:   # the storage moved: its blocks take new views
+            for other in self.slots.values():
+                if other.home is home:
+                    other.bind()
+        slot = Slot(key, block, shape, value.dtype, value.size, home, offset,
+                    list(self.homes).index(value.dtype))
+        home.numpy("weight")[offset:offset + value.size] = value
+        group = self.groups[-1] if self.groups and self.groups[-1].open_to_new_blocks() \
+            else None
+        if group is None:
+            # all keys move together: the first group's policy logs the decisions
+            record = self.metrics.decision_log is None
+            group = Group(self.handler.make_policy() if self.handler is not None else
+                          self.row.make_policy(self.members, self.store_params, record))
+            self.groups.append(group)
+        group.hold(group.slots + [slot])
+        self.group_epoch += 1
+        if self.metrics.decision_log is None:
+            self.metrics.decision_log = (key, block, slot)
+        return slot
 
     def release_inits(self) -> None:
         """Answer the inits whose keys exist and every live worker has initialised; refuse
@@ -550,17 +717,13 @@ class Server:
 
     def op_pull(self, ident, header, buffers) -> None:
         worker = header["worker"]
-        slots = []
-        for item in header["items"]:
-            slot = self._slot(item)
-            self._check_block(slot, item[DTYPE], item[SIZE], "pulled")
-            slots.append(slot)
-        pending = Pending(ident, header["seq"], worker, slots, True)
-        if self.pool_slot is not None:
+        route = self.route(header["items"], "pulled")
+        pending = Pending(ident, header["seq"], worker, route, True)
+        if self.pooled:
             # a worker outside a pool's active set waits at its pull until the pool takes it in
-            waiting = [s for s in slots if worker in s.policy.parked]
-            for slot in waiting:
-                slot.waiting.setdefault(worker, deque()).append(pending)
+            waiting = [g for g, _, _ in self.route_parts(route) if worker in g.policy.parked]
+            for group in waiting:
+                group.waiting.setdefault(worker, deque()).append(pending)
             pending.outstanding = len(waiting)
             if waiting:
                 return
@@ -569,49 +732,121 @@ class Server:
 
     def op_push(self, ident, header, buffers) -> None:
         worker = header["worker"]
-        slots, grads = self.check_push_items(worker, header["items"], buffers)
+        route, parts = self.check_push_items(worker, header["items"], buffers)
         now = time.monotonic()
-        pending = Pending(ident, header["seq"], worker, slots, header["op"] == Op.PUSHPULL)
+        pending = Pending(ident, header["seq"], worker, route, header["op"] == Op.PUSHPULL,
+                          outstanding=len(parts))
         decisions = []
-        self.metrics.pushes_received += len(slots)
-        for slot, grad in zip(slots, grads):
-            if not slot.policy.accepts_now(worker) or (slot.held and
-                                                       any(h[0] == worker for h in slot.held)):
-                slot.held.append((worker, grad, pending))   # a push for a later round
+        self.metrics.pushes_received += len(route.slots)
+        for group, pick, _ in parts:
+            arrays = buffers if pick is None else pick(buffers)
+            if not group.policy.accepts_now(worker) or group.holds_push_of(worker):
+                group.held.append((worker, arrays, pending))   # a push for a later round
             else:
-                decisions.append((slot, self.take_push(slot, worker, grad, pending, now)))
+                decisions.append((group, self.take_push(group, worker, arrays, pending, now)))
         self.carry_out(decisions)
 
-    def check_push_items(self, worker, items, buffers):
-        """The slots and gradients of a push, every item checked before any is used."""
+    def check_push_items(self, worker, items, buffers, stamps=None):
+        """The route of a push and the groups it covers, every item checked before any is used.
+        ``stamps`` (one per item, ``dist_psp``): groups are split so that each one's blocks
+        carry one stamp."""
         if len(buffers) != len(items):
             raise RequestError(f"push: {len(items)} keys but {len(buffers)} buffers")
-        slots, grads = [], []
-        for item, buf in zip(items, buffers):
-            slot = self._slot(item)
-            self._check_block(slot, item[DTYPE], item[SIZE], "pushed")
-            problem = slot.policy.check_push(worker)
+        route = self.route(items, "pushed")
+        if list(map(NBYTES, buffers)) != route.nbytes:
+            for slot, buf, nbytes in zip(route.slots, buffers, route.nbytes):
+                if buf.nbytes != nbytes:
+                    raise RequestError(f"key {slot.key!r}: {buf.nbytes} bytes sent for "
+                                       f"{slot.size} {slot.dtype.name} elements")
+        parts = self.route_parts(route) if stamps is None else self.parts(route.slots, stamps)
+        for group, _, first in parts:
+            problem = group.policy.check_push(worker)
             if problem:
-                raise RequestError(f"key {slot.key!r}: {problem}")
-            slots.append(slot)
-            if buf.nbytes != slot.size * slot.dtype.itemsize:
-                raise RequestError(f"key {slot.key!r}: {buf.nbytes} bytes sent for {slot.size} "
-                                   f"{slot.dtype.name} elements")
-            grads.append(np.frombuffer(buf, dtype=slot.dtype))
-        return slots, grads
+                raise RequestError(f"key {route.slots[first].key!r}: {problem}")
+        return route, parts
 
-    def take_push(self, slot: Slot, worker: int, grad, pending: Pending, now: float):
-        slot.gather(grad)
-        delay = slot.version - slot.pulled.get(worker, 0)
-        self.metrics.record_staleness(worker, delay)
-        queue = slot.waiting.get(worker)
+    def route(self, items, what: str) -> Route:
+        """The slots ``items`` name, checked (``what``: "pushed" or "pulled", for the errors);
+        resolved once per distinct list of items."""
+        signature = tuple(map(ITEM_BLOCK, items))
+        route = self.routes.get(signature)
+        if route is None:
+            slots = []
+            for item in items:
+                slot = self._slot(item)
+                self._check_block(slot, item[DTYPE], item[SIZE], what)
+                slots.append(slot)
+            if len(self.routes) >= MAX_ROUTES:
+                self.routes.clear()
+            route = self.routes[signature] = Route(slots)
+        return route
+
+    def route_parts(self, route: Route) -> list:
+        """:meth:`parts` of a route's slots, kept until a group changes."""
+        if route.epoch != self.group_epoch:
+            route.parts = self.parts(route.slots)
+            route.epoch = self.group_epoch
+        return route.parts
+
+    def parts(self, slots, labels=None) -> list:
+        """The groups of ``slots``, once every group they cover only in part has been split
+        (and, with ``labels``, one per slot, every group whose slots carry different labels):
+        ``(group, picker of its arrays from a request's, position of its first slot)`` in
+        the order of ``slots``."""
+        named: dict = {}
+        for i, slot in enumerate(slots):
+            named.setdefault((slot.group, None if labels is None else labels[i]),
+                             []).append(slot)
+        for (group, _), members in named.items():
+            if len(members) < len(group.slots):
+                self.split(group, members)
+        position = {slot: i for i, slot in enumerate(slots)}
+        out, seen = [], set()
+        for slot in slots:
+            if slot.group not in seen:
+                seen.add(slot.group)
+                at = [position[s] for s in slot.group.slots]
+                out.append((slot.group, picker(at, len(slots)), min(at)))
+        return out
+
+    def split(self, group: Group, members) -> Group:
+        """Move ``members`` (some of ``group``'s slots) to a group of their own that starts as
+        a copy of ``group``: the policy's state, the counts, the requests waiting for OK (each
+        now waits for both groups) and the held pushes (their arrays of those slots)."""
+        members = set(members)
+        moved = [i for i, s in enumerate(group.slots) if s in members]
+        kept = [i for i, s in enumerate(group.slots) if s not in members]
+        part = Group(copy.deepcopy(group.policy))
+        part.gathered, part.version, part.fresh = group.gathered, group.version, group.fresh
+        part.pulled = dict(group.pulled)
+        part.waiting = {w: deque(queue) for w, queue in group.waiting.items()}
+        part.held = deque((w, tuple(arrays[i] for i in moved), p) for w, arrays, p in group.held)
+        group.held = deque((w, tuple(arrays[i] for i in kept), p) for w, arrays, p in group.held)
+        for queue in group.waiting.values():
+            for p in queue:
+                p.outstanding += 1
+        for _, _, p in group.held:
+            p.outstanding += 1
+        slots = group.slots
+        part.hold([slots[i] for i in moved])
+        group.hold([slots[i] for i in kept])
+        self.groups.append(part)
+        self.group_epoch += 1
+        return part
+
+    def take_push(self, group: Group, worker: int, arrays, pending: Pending, now: float):
+        group.gather(arrays)
+        delay = group.version - group.pulled.get(worker, 0)
+        self.metrics.record_staleness(worker, delay, len(group.slots))
+        queue = group.waiting.get(worker)
         if queue is None:
-            queue = slot.waiting[worker] = deque()
+            queue = group.waiting[worker] = deque()
         queue.append(pending)
-        decision = slot.policy.on_push(worker, now)
+        group.fresh = False
+        decision = group.policy.on_push(worker, now)
         if decision.apply and self.optimizer is not None and self.optimizer.delay_aware:
             # applied on its own, with who pushed it and its delay (never summed with another)
-            self.apply([slot], pusher=(worker, delay))
+            self.apply([group], pusher=(worker, delay))
         return decision
 
     def carry_out(self, decisions) -> None:
@@ -620,88 +855,97 @@ class Server:
         while decisions:
             self._apply_and_release(decisions)
             now = time.monotonic()
-            touched = list({id(slot): slot for slot, _ in decisions if slot.held}.values())
+            touched = list({id(group): group for group, _ in decisions if group.held}.values())
             decisions = []
-            for slot in touched:
+            for group in touched:
                 # each worker's earliest held push, in arrival order, if the new round takes it
                 still, seen = deque(), set()
-                for worker, grad, pending in slot.held:
+                for worker, arrays, pending in group.held:
                     if worker in seen or worker not in self.members \
-                            or not slot.policy.accepts_now(worker):
+                            or not group.policy.accepts_now(worker):
                         if worker in self.members:
-                            still.append((worker, grad, pending))
+                            still.append((worker, arrays, pending))
                         seen.add(worker)
                         continue
                     seen.add(worker)
-                    decisions.append((slot, self.take_push(slot, worker, grad, pending, now)))
-                slot.held = still
+                    decisions.append((group, self.take_push(group, worker, arrays, pending,
+                                                            now)))
+                group.held = still
 
     def _apply_and_release(self, decisions) -> None:
-        to_apply = list({id(slot): slot for slot, d in decisions
-                         if d.apply and slot.gathered}.values())
+        to_apply = list({id(group): group for group, d in decisions
+                         if d.apply and group.gathered}.values())
         if to_apply:
             self.apply(to_apply)
-        for slot, d in decisions:
+        for group, d in decisions:
             for worker, lead in d.released:
-                self.metrics.record_ok(worker, lead)
-                queue = slot.waiting.get(worker)
+                self.metrics.record_ok(worker, lead, len(group.slots))
+                queue = group.waiting.get(worker)
                 if not queue:
                     continue
                 p = queue.popleft()
                 p.outstanding -= 1
                 if p.outstanding == 0:
-                    if self.pool_slot is not None:
-                        p.extra = self.pool_assignment(p.worker, slot.policy)
+                    if self.pooled:
+                        p.extra = self.pool_assignment(p.worker, group.policy)
                     if p.with_values:
                         self.reply_values(p)
                     else:
                         self.reply(p.ident, p.seq, p.extra, worker=p.worker)
 
-    def apply(self, slots, pusher=None) -> None:
-        """One optimizer call for ``slots``; ``pusher``: the (worker, delay) of the one push
-        they hold, for an optimizer that needs it (:mod:`kvstore_ext.optimizers`)."""
-        for slot in slots:
-            if not SYNCHRONOUS_ENGINE:
-                slot.grad._sync_copyfrom(slot.acc)
-            self.metrics.pushes_applied += slot.gathered
-            slot.gathered = 0
-        if self.pool_slot is not None and self.optimizer is not None:
-            pool = self.pool_slot.policy.pool
+    def apply(self, groups, pusher=None) -> None:
+        """One optimizer call for what ``groups`` gathered; ``pusher``: the (worker, delay) of
+        the one push they hold, for an optimizer that needs it (:mod:`kvstore_ext.optimizers`)."""
+        blocks = 0
+        for group in groups:
+            blocks += len(group.slots)
+            self.metrics.pushes_applied += group.gathered * len(group.slots)
+            group.gathered = 0
+        if self.pooled and self.optimizer is not None:
+            pool = self.pool_policy.pool
             self.optimizer.tune(pool.lr_scale(), pool.momentum)
-        if self.optimizer is not None:
+        runs = [run for group in groups for run, _, _ in group.runs]
+        if self.optimizer is None:   # the store holds the summed value, as MXNet's servers do
+            for run in runs:
+                weight, grad = run.home.numpy("weight"), run.home.numpy("grad")
+                weight[run.bounds[0]:run.bounds[-1]] = grad[run.bounds[0]:run.bounds[-1]]
+        elif pusher is not None:
+            slots = [slot for group in groups for slot in group.slots]
             self.optimizer.apply([s.key for s in slots], [s.grad for s in slots],
                                  [s.weight for s in slots], pusher)
-        else:  # no optimizer: the store holds the summed value, as MXNet's servers do
-            for slot in slots:
-                slot.grad.copyto(slot.weight)
-        for slot in slots:
-            slot.version += 1
-        self.metrics.updates += len(slots)
+        else:
+            self.optimizer.apply_runs(runs)
+        if not SYNCHRONOUS_ENGINE:   # sums and replies read and write the memory directly
+            mx.nd.waitall()
+        for group in groups:
+            group.version += 1
+        self.metrics.updates += blocks
 
     # -- a worker pool (dist_pool): the server owns the learning rate and the batch sizes ----
     @property
-    def pool_slot(self):
-        """A slot whose policy runs a worker pool (every slot's pool sees the same pushes, so
-        any one speaks for all), or None."""
-        if self._pool_slot is None and self.pooled and self.slots:
-            self._pool_slot = next(iter(self.slots.values()))
-        return self._pool_slot
+    def pool_policy(self):
+        """A group's policy, which runs a worker pool (every group's pool sees the same
+        pushes, so any one speaks for all)."""
+        return self.groups[0].policy
 
     def pool_assignment(self, worker: int, policy=None) -> dict:
-        """What a worker is told with its OK (by ``policy``, the pool of the slot that let it
-        go): its next batch size (0: the budget is spent, stop), the pool's size and the
+        """What a worker is told with its OK (by ``policy``, the pool of the group that let
+        it go): its next batch size (0: the budget is spent, stop), the pool's size and the
         learning rate the server now applies."""
-        policy = policy or self.pool_slot.policy
+        policy = policy or self.pool_policy
         lr = self.optimizer.base_hyper.get("lr") if self.optimizer is not None else None
         return {"batch_size": policy.next_batch(worker), "pool": policy.pool.size,
                 "lr": None if lr is None else lr * policy.pool.lr_scale(),
                 "updates": policy.pool.updates}
 
-    def sent_weights(self, slot: Slot, worker: int) -> None:
-        """``worker`` is being sent ``slot``'s weights at its current version."""
-        slot.pulled[worker] = slot.version
-        if self.optimizer is not None:
-            self.optimizer.pulled(slot.key, slot.weight, worker)
+    def sent_weights(self, parts, worker: int) -> None:
+        """``worker`` is being sent the weights of the groups of ``parts`` (whole groups, as
+        :meth:`parts` gives them) at their current versions."""
+        for group, _, _ in parts:
+            group.pulled[worker] = group.version
+            if self.optimizer is not None and self.optimizer.delay_aware:
+                for slot in group.slots:
+                    self.optimizer.pulled(slot.key, slot.weight, worker)
 
     def _use_updater(self, optimizer) -> None:
         """Run ``optimizer`` from now on, if this store type can (refused with the reason)."""
@@ -726,7 +970,7 @@ class Server:
             raise RequestError("no optimizer has been set on the kvstore, so it has no states")
         blocks = [[s.key, s.block] for s in self.slots.values()]
         self.reply(ident, header["seq"], {"blocks": blocks},
-                   buffers=[self.optimizer.updater.get_states(dump_optimizer=False)],
+                   buffers=[self.optimizer.get_states()],
                    worker=header["worker"])
 
     def op_set_states(self, ident, header, buffers) -> None:
@@ -736,8 +980,7 @@ class Server:
             self.optimizer_blob = None
         if self.optimizer is None:
             raise RequestError("set an optimizer before loading optimizer states")
-        self.optimizer.updater.states = states
-        self.optimizer.updater.states_synced = dict.fromkeys(states, False)
+        self.optimizer.set_states(states)
         self.reply(ident, header["seq"], worker=header["worker"])
 
     def op_hello(self, ident, header, buffers) -> None:

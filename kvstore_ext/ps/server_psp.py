@@ -9,26 +9,30 @@ the blocks' versions; the worker knows how many it asked for.
 """
 from __future__ import annotations
 
+import operator
 import time
 
 from ..policies.psp import PartialPushPolicy, resolve_min_pushes
-from .protocol import DTYPE, SIZE, STAMP, WANTED, Op
+from .protocol import STAMP, WANTED, Op
+
+STAMP_OF = operator.itemgetter(STAMP)
 
 
 class WaitingPull:
     """A request whose pull items wait for their blocks to reach a version."""
 
-    __slots__ = ("ident", "seq", "worker", "slots", "min_versions", "unsent")
+    __slots__ = ("ident", "seq", "worker", "route", "min_versions", "unsent")
 
-    def __init__(self, ident, seq, worker, slots, min_versions):
+    def __init__(self, ident, seq, worker, route, min_versions):
         self.ident, self.seq, self.worker = ident, seq, worker
-        self.slots, self.min_versions = slots, min_versions
-        self.unsent = set(range(len(slots)))
+        self.route, self.min_versions = route, min_versions
+        self.unsent = set(range(len(route.slots)))
 
 
 class PartialSyncHandler:
     """Push, pull and timers of one server under ``dist_psp`` (the registry row's
-    ``server_handler``: the server hands it push, pull and pushpull requests)."""
+    ``server_handler``: the server hands it push, pull and pushpull requests).  Blocks move
+    in the server's groups: one policy per group, told once per push of the whole group."""
 
     metrics_name = "psp"
 
@@ -44,62 +48,65 @@ class PartialSyncHandler:
             server.fail(str(exc))
 
     def make_policy(self) -> PartialPushPolicy:
-        """The policy of a new block, with c resolved against the job's workers."""
+        """The policy of a new group, with c resolved against the job's workers."""
         return PartialPushPolicy(self.server.members, self.min_pushes,
                                  self.server.store_params["push_timeout"])
 
     # -- requests ----------------------------------------------------------------------------
     def op_push(self, ident, header, buffers) -> None:
-        """Sum (or drop) every pushed block; a pushpull then waits as a pull for version t+1."""
+        """Sum (or drop) every pushed block; a pushpull then waits as a pull for version t+1.
+        The blocks of a group told together carry one stamp (groups are split otherwise)."""
         server = self.server
         worker, items = header["worker"], header["items"]
-        slots, grads = server.check_push_items(worker, items, buffers)
+        stamps = list(map(STAMP_OF, items))
+        route, parts = server.check_push_items(
+            worker, items, buffers, stamps if stamps.count(stamps[0]) < len(stamps) else None)
         now = time.monotonic()
-        server.metrics.pushes_received += len(slots)
+        server.metrics.pushes_received += len(route.slots)
         closed = []
-        for slot, grad, item in zip(slots, grads, items):
-            stamp = int(item[STAMP])
-            outcome = slot.policy.on_push(worker, stamp, now)
+        for group, pick, first in parts:
+            blocks, stamp = len(group.slots), int(stamps[first])
+            group.fresh = False
+            outcome = group.policy.on_push(worker, stamp, now)
             if outcome.dropped:
-                server.metrics.pushes_dropped += 1
-                self.dropped_by_worker[worker] = self.dropped_by_worker.get(worker, 0) + 1
+                server.metrics.pushes_dropped += blocks
+                self.dropped_by_worker[worker] = self.dropped_by_worker.get(worker, 0) + blocks
                 continue
-            slot.gather(grad)
-            server.metrics.record_staleness(worker, slot.version - stamp)
+            group.gather(buffers if pick is None else pick(buffers))
+            server.metrics.record_staleness(worker, group.version - stamp, blocks)
             if outcome.apply:
-                closed.append(slot)
+                closed.append(group)
             elif outcome.deadline is not None:
                 server.at(outcome.deadline, self.on_timer)
         if header["op"] == Op.PUSHPULL:
-            self._wait(ident, header, worker, slots, items)
+            self._wait(ident, header, worker, route)
         else:
             server.reply(ident, header["seq"], worker=header["worker"])
         self._apply(closed)
 
     def op_pull(self, ident, header, buffers) -> None:
-        server = self.server
-        slots = []
-        for item in header["items"]:
-            slot = server._slot(item)
-            server._check_block(slot, item[DTYPE], item[SIZE], "pulled")
-            slots.append(slot)
-        self._wait(ident, header, header["worker"], slots, header["items"])
+        self._wait(ident, header, header["worker"], self.server.route(header["items"], "pulled"))
 
-    def _wait(self, ident, header, worker, slots, items) -> None:
-        p = WaitingPull(ident, header["seq"], worker, slots, [int(i[WANTED]) for i in items])
+    def _wait(self, ident, header, worker, route) -> None:
+        p = WaitingPull(ident, header["seq"], worker, route,
+                        [int(i[WANTED]) for i in header["items"]])
         self.waiting.append(p)
         self._answer([p])
 
     # -- rounds ------------------------------------------------------------------------------
     def on_timer(self) -> None:
         now = time.monotonic()
-        self._apply([s for s in self.server.slots.values() if s.policy.on_timer(now).apply])
+        self._apply([g for g in self.server.groups if g.policy.on_timer(now).apply])
 
     def remove_worker(self, rank: int) -> None:
         now = time.monotonic()
         self.waiting = [p for p in self.waiting if p.worker != rank]
-        self._apply([s for s in self.server.slots.values()
-                     if s.policy.remove_worker(rank, now).apply])
+        closed = []
+        for group in self.server.groups:
+            group.fresh = False
+            if group.policy.remove_worker(rank, now).apply:
+                closed.append(group)
+        self._apply(closed)
 
     def _apply(self, closed) -> None:
         """One optimizer call for the closed rounds, then every pull they complete."""
@@ -112,7 +119,8 @@ class PartialSyncHandler:
         """Send each waiting pull the blocks that have reached their versions."""
         still = []
         for p in pulls:
-            ready = [i for i in sorted(p.unsent) if p.slots[i].version >= p.min_versions[i]]
+            slots = p.route.slots
+            ready = [i for i in sorted(p.unsent) if slots[i].version >= p.min_versions[i]]
             if ready:
                 p.unsent.difference_update(ready)
                 self.server.send_part(p, ready)
@@ -132,5 +140,5 @@ class PartialSyncHandler:
     def to_dict(self) -> dict:
         return {"dropped_by_worker": {str(w): n for w, n in sorted(self.dropped_by_worker.items())},
                 "min_pushes": self.min_pushes,
-                "versions": sorted({s.version for s in self.server.slots.values()})[-1:]}
+                "versions": sorted({g.version for g in self.server.groups})[-1:]}
 

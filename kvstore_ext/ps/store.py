@@ -6,15 +6,22 @@ list call travel together; per-key calls are gathered, see ``batching``) and
 returns once they are sent.  The pulled values are written into the output
 arrays by an operation in MXNet's engine (see ``engine``), so that, as with
 MXNet's own stores, whatever reads them waits for them and nothing else does.
+
+A round costs MXNet little: each gradient is copied once, by MXNet, straight
+into the message (``Staging``); arrays already checked are not asked about
+again (``CheckedArrays``); and the weights of all the calls of a round are
+written in one pass when its replies come (``WriteBack``).
 """
 from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import pickle
 import threading
 import time
+from typing import NamedTuple
 
 import mxnet as mx
 import numpy as np
@@ -22,7 +29,7 @@ from mxnet.kvstore import KVStoreBase
 
 from .. import registry
 from .. import engine
-from .batching import Coalescer
+from .batching import CheckedArrays, Coalescer, Staging, WriteBack
 from .link import Connection
 from ..errors import KVStoreError
 from ..keys import MXNetCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
@@ -48,6 +55,14 @@ def _shared_connection(store: registry.StoreConfig) -> Connection:
     return _connection
 
 
+class OutArray(NamedTuple):
+    """What an output array is, learned once while the caller keeps passing it."""
+
+    shape: tuple
+    dtype: np.dtype
+    on_cpu: bool     # MXNet's engine hands us its memory; otherwise it is copied in
+
+
 class ParameterServerStore(MXNetCalls, KVStoreBase):
     """Worker side shared by the parameter-server stores (``dist_bsp``, ``dist_ssp``, ...)."""
 
@@ -66,7 +81,17 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         #: next step (0: stop), the pool's size, the learning rate the servers apply
         self.pool_assignment: dict | None = None
         coalesce = os.environ.get("KVX_COALESCE", "1") != "0"
-        self._coalescer = Coalescer(self._conn.send) if coalesce else None
+        self._coalescer = Coalescer(self._conn.send, self._batch_write_back) if coalesce else None
+
+    @functools.cached_property
+    def _staging(self) -> Staging:
+        """Where the pushed values are copied to (made on first use, as is :attr:`_checked`)."""
+        return Staging()
+
+    @functools.cached_property
+    def _checked(self) -> CheckedArrays:
+        """The arrays of each key (values, outputs) that passed their checks last time."""
+        return CheckedArrays()
 
     # -- properties MXNet asks for ----------------------------------------------------------
     @property
@@ -190,32 +215,29 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         # _plan reads the gradients, which waits for MXNet's engine to finish computing them:
         # that time is compute, so the clock for waiting on the store starts after it
         plan = self._plan(op, pairs)
-        targets = self._targets(outs) if outs is not None else []
+        targets, kinds = self._targets(outs) if outs is not None else ([], {})
         distinct = {o.handle.value: o for _, o in targets}
-        arrays = list(distinct.values())
-        in_engine = bool(arrays) and engine.on_cpu(arrays)
+        in_engine = bool(distinct) and all(kinds[h].on_cpu for h in distinct)
         self._metrics.begin_call()
         if op != Op.PULL:
             self._metrics.count_pushes(k for k, _ in pairs)
         if in_engine:
-            places = {h: engine.Destination(o) for h, o in distinct.items()}
+            places = {h: engine.Destination(o, kinds[h].shape, kinds[h].dtype)
+                      for h, o in distinct.items()}
             targets = [(k, places[o.handle.value]) for k, o in targets]
             self._writing_to(targets)
         if in_engine and op == Op.PUSHPULL and len(pairs) == 1 and self._coalescer is not None:
-            batch = self._coalescer.add(op, _check_key(pairs[0][0]), plan)   # sent with others
-
-            def fetch():
-                return self._batch_values(batch)
+            write_back = self._coalescer.add(op, _check_key(pairs[0][0]), plan).write_back
         else:
             self._flush()
             tickets = self._conn.send({s: ({"op": op, "items": its}, bufs)
                                        for s, (its, bufs, _) in plan.items()})
-
-            def fetch():
-                return dict(self._values(plan, self._await(op, tickets, plan)))
+            fetch = functools.partial(self._call_values, op, plan, tickets)
+            write_back = self._write_back(fetch) if in_engine else None
         try:
             if in_engine:   # the weights are written when the replies come; readers wait
-                engine.push(lambda: self._complete(targets, fetch), arrays)
+                engine.push_async(functools.partial(write_back.start, targets),
+                                  list(distinct.values()))
             else:           # arrays MXNet's engine cannot hand us (GPU): copied in now
                 self._copy_in(targets, fetch())
         finally:
@@ -240,26 +262,36 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         """The replies of one call, per server (``dist_psp`` goes on with some of them)."""
         return self._conn.wait(tickets)
 
-    def _complete(self, targets, fetch_values) -> None:
-        """In the engine: wait for the replies, write the weights (errors wait for the next call)."""
-        t0 = time.perf_counter()
-        try:
-            values = fetch_values()
-            for k, destination in targets:
-                destination.write(values.get(k, ()))   # none: a partial pull kept it
-        except Exception as exc:
-            self._deferred_error = self._conn.unreported = exc
-            log.error("kvstore_ext: %s", exc)
-        finally:
-            self._metrics.add_wait(time.perf_counter() - t0)
+    def _call_values(self, op: str, plan, tickets) -> dict:
+        """The values the replies to ``plan`` bring, per key (see :meth:`_values`)."""
+        return dict(self._values(plan, self._await(op, tickets, plan)))
 
     def _batch_values(self, batch) -> dict:
-        """The values of a call that travelled in a batch (assembled once per batch)."""
+        """The values of every call that travelled in a batch."""
         self._coalescer.wait_sent(batch)
         if batch.error is not None:
             raise batch.error
-        return batch.values(lambda: dict(self._values(
-            batch.plan, self._await(batch.op, batch.tickets, batch.plan))))
+        return self._call_values(batch.op, batch.plan, batch.tickets)
+
+    def _batch_write_back(self, batch) -> WriteBack:
+        return self._write_back(functools.partial(self._batch_values, batch))
+
+    def _write_back(self, fetch) -> WriteBack:
+        """What writes a round's values in the engine: ``fetch`` waits for them (the time
+        is spent waiting on the store); an error waits for the next call."""
+        def timed_fetch():
+            t0 = time.perf_counter()
+            try:
+                return fetch()
+            finally:
+                self._metrics.add_wait(time.perf_counter() - t0)
+        return WriteBack(timed_fetch, self._defer)
+
+    def _defer(self, exc: Exception) -> None:
+        """An error met in the engine: the next call raises it (or, if none comes, the
+        process exits with it)."""
+        self._deferred_error = self._conn.unreported = exc
+        log.error("kvstore_ext: %s", exc)
 
     def _flush(self) -> None:
         """Send calls still held for batching: whatever comes next must not overtake them."""
@@ -282,30 +314,45 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         self._raise_deferred()
 
     def _targets(self, outs):
-        """``(key, array)`` for every output array, shapes checked before anything is sent.
+        """``(key, array)`` for every output array, shapes checked before anything is sent,
+        and what each array is (``handle -> OutArray``).
 
         When an array is listed more than once, they come in the order MXNet's own stores
         write them: ascending keys (string keys in the order they were first initialised,
         as MXNet numbers them), each key's arrays in the order given; the last one wins.
         """
-        targets = []
+        targets, kinds = [], {}
         for k, out in outs:
             k = _check_key(k)
-            shape = self._meta[k][0] if k in self._meta else None
-            for o in _as_list(out):
-                if shape is not None and tuple(o.shape) != shape:
-                    raise KVStoreError(f"key {k!r}: out has shape {tuple(o.shape)}, but the key "
-                                       f"has shape {shape}")
+            arrays = _as_list(out)
+            learned = self._checked.get((k, "out"), arrays)
+            if learned is None:
+                shape = self._meta[k][0] if k in self._meta else None
+                for o in arrays:
+                    if shape is not None and tuple(o.shape) != shape:
+                        raise KVStoreError(f"key {k!r}: out has shape {tuple(o.shape)}, but "
+                                           f"the key has shape {shape}")
+                learned = [OutArray(tuple(o.shape), np.dtype(o.dtype),
+                                    o.context.device_type == "cpu") for o in arrays]
+                if shape is not None:
+                    self._checked.put((k, "out"), arrays, learned)
+            for o, kind in zip(arrays, learned):
                 targets.append((k, o))
-        if len({o.handle.value for _, o in targets}) < len(targets):
+                kinds[o.handle.value] = kind
+        if len(kinds) < len(targets):
             first_init = {k: i for i, k in enumerate(self._meta)}
             targets.sort(key=lambda t: (1, first_init.get(t[0], 0)) if isinstance(t[0], str)
                          else (0, t[0]))
-        return targets
+        return targets, kinds
 
     def _plan(self, op: str, pairs):
-        """Per server: the items, the gradient buffers, and which (key, block) each item is."""
-        plan: dict[int, tuple[list, list, list]] = {}
+        """Per server: the items, the gradient buffers, and which (key, block) each item is.
+
+        Every key and value is checked before any gradient is read, so a call that fails
+        sends nothing; the gradients are then copied into one staging buffer
+        (:meth:`_stage`), and each block's buffer is a slice of it.
+        """
+        keys = []   # (key, dtype, elements, the pushed arrays or None)
         for k, v in pairs:
             k = _check_key(k)
             meta = self._meta.get(k)
@@ -313,10 +360,11 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
                 raise KVStoreError(f"key {k!r} has not been initialised on this kvstore "
                                    f"(call kv.init({k!r}, value) or kv.broadcast first)")
             shape, dtype = meta
-            flat = None
-            if v is not None:
-                flat = self._local_sum(k, v, shape, dtype)
-            for b in self._part.blocks(k, int(np.prod(shape)) if shape else 1):
+            keys.append((k, dtype, math.prod(shape),
+                         None if v is None else self._checked_value(k, v, shape, dtype)))
+        plan: dict[int, tuple[list, list, list]] = {}
+        for (k, dtype, size, _), flat in zip(keys, self._stage(keys)):
+            for b in self._part.blocks(k, size):
                 its, bufs, where = plan.setdefault(b.server, ([], [], []))
                 its.append([k, b.index, dtype.str, b.size])
                 where.append(b)
@@ -324,20 +372,39 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
                     bufs.append(flat[b.start:b.stop])
         return plan
 
-    @staticmethod
-    def _local_sum(key, value, shape, dtype) -> np.ndarray:
-        """The value to push, summed over devices; checked on the numpy copy (no extra C calls)."""
-        total = None
-        for a in _as_list(value):
-            x = a.asnumpy()
-            if x.shape != shape:
-                raise KVStoreError(f"key {key!r}: pushed shape {x.shape}, but the key was "
-                                   f"initialised with shape {shape}")
-            if x.dtype != dtype:
-                raise KVStoreError(f"key {key!r}: pushed dtype {x.dtype.name}, but the "
-                                   f"key was initialised as {dtype.name}")
-            total = x if total is None else total + x
-        return total.reshape(-1)
+    def _checked_value(self, key, value, shape, dtype) -> list:
+        """The arrays pushed for ``key`` (one per device), each of the key's shape and dtype."""
+        arrays = _as_list(value)
+        if self._checked.get((key, "value"), arrays) is None:
+            for a in arrays:
+                if tuple(a.shape) != shape:
+                    raise KVStoreError(f"key {key!r}: pushed shape {tuple(a.shape)}, but the "
+                                       f"key was initialised with shape {shape}")
+                if np.dtype(a.dtype) != dtype:
+                    raise KVStoreError(f"key {key!r}: pushed dtype {np.dtype(a.dtype).name}, "
+                                       f"but the key was initialised as {dtype.name}")
+            self._checked.put((key, "value"), arrays, True)
+        return arrays
+
+    def _stage(self, keys) -> list:
+        """Each key's pushed value, flat and summed over its devices (None for a key that is
+        only pulled), copied by MXNet into one staging buffer: one copy per array, no
+        engine operation, the values as they are when the call is made."""
+        pushed = [(dtype, size) for _, dtype, size, arrays in keys if arrays is not None]
+        segments = iter(self._staging.take([size * dtype.itemsize for dtype, size in pushed]))
+        flats = []
+        for _, dtype, size, arrays in keys:
+            if arrays is None:
+                flats.append(None)
+                continue
+            flat = next(segments).view(dtype)
+            engine.copy_to_host(arrays[0], flat)
+            for a in arrays[1:]:     # the other devices' values, summed in the order given
+                extra = np.empty(size, dtype)
+                engine.copy_to_host(a, extra)
+                flat += extra
+            flats.append(flat)
+        return flats
 
     def _values(self, plan, replies):
         """``(key, parts)`` for every key of a reply: ``(start, stop, flat values)`` of each of
@@ -612,9 +679,8 @@ class DistPSP(ParameterServerStore):
                 for destination in destinations:
                     destination.write([(block.start, block.stop, value)])
             except Exception as exc:   # a reply that does not fit: the next call reports it
-                self._deferred_error = self._conn.unreported = KVStoreError(
-                    f"key {block.key!r}: a late block from server {block.server} does not "
-                    f"fit: {exc}")
+                self._defer(KVStoreError(f"key {block.key!r}: a late block from server "
+                                         f"{block.server} does not fit: {exc}"))
                 return
             self.late_blocks_applied += 1
 

@@ -2,6 +2,7 @@
 import glob
 import os
 
+import mxnet as mx
 import numpy as np
 import pytest
 
@@ -114,3 +115,62 @@ def test_optimizer_states_save_and_load_in_mxnet_format(run_job, tmp_path):
         mom = 0.9 * mom - 0.1 * 0.5 * g
     assert abs(r["mom0"] - mom) < 1e-5
     assert r["round_trip_equal"]
+
+
+TWO_DEVICE_TRAINER = '''
+"""Stock gluon.Trainer, two devices per worker: one pushpull per parameter and step."""
+import sys
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
+import kvstore_ext  # noqa: F401
+
+kvstore, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+kv = mx.kv.create(kvstore)
+mx.random.seed(7)
+devices = [mx.cpu(0), mx.cpu(1)]
+net = gluon.nn.HybridSequential()
+net.add(gluon.nn.Dense(16, activation="relu", in_units=8), gluon.nn.Dense(4, in_units=16))
+net.initialize(mx.init.Xavier(), ctx=devices)
+trainer = gluon.Trainer(net.collect_params(), "sgd",
+                        {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3}, kvstore=kv)
+loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+initial = {name: p.data(devices[0]).asnumpy() for name, p in net.collect_params().items()}
+data = np.random.RandomState(kv.rank).uniform(-1, 1, (steps, 2, 5, 8)).astype("float32")
+labels = np.random.RandomState(100 + kv.rank).randint(0, 4, (steps, 2, 5))
+for step in range(steps):
+    with autograd.record():
+        losses = [loss_fn(net(mx.nd.array(data[step, d], ctx=c)),
+                          mx.nd.array(labels[step, d], ctx=c)) for d, c in enumerate(devices)]
+    autograd.backward(losses)
+    trainer.step(10)
+for name, param in net.collect_params().items():
+    first, second = (a.asnumpy() for a in param.list_data())
+    assert np.array_equal(first, second) and not np.array_equal(first, initial[name]), name
+net.save_parameters(out.replace("{rank}", str(kv.rank)))
+'''
+
+
+def test_stock_trainer_on_two_devices_with_split_keys_equals_native_dist_sync(run_job, tmp_path):
+    """Per-key calls of gluon.Trainer with each value a list of two devices' gradients and each
+    output two devices' weights, a key split over two servers: after 8 steps of momentum SGD,
+    every worker's weights (the same on both devices, and moved) are MXNet's dist_sync's."""
+    script = tmp_path / "two_device_trainer.py"
+    script.write_text(TWO_DEVICE_TRAINER)
+    weights = {}
+    for kvstore, options in (("dist_sync", ["--backend", "mxnet"]), ("dist_bsp", [])):
+        out = str(tmp_path / f"{kvstore}-{{rank}}.params")
+        code, log = run_job(2, 2, [str(script), kvstore, out, "8"], *options,
+                            env={"KVX_BIGARRAY_BOUND": "100"})   # the 16 x 8 weight is split
+        assert code == 0, log[-3000:]
+        weights[kvstore] = [{k: v.asnumpy() for k, v in mx.nd.load(out.replace("{rank}", str(r)))
+                             .items()} for r in range(2)]
+    ref = weights["dist_sync"][0]
+    for rank in range(2):
+        got = weights["dist_bsp"][rank]
+        assert got.keys() == ref.keys()
+        for k in ref:
+            rel = np.abs(got[k] - ref[k]).max() / max(np.abs(ref[k]).max(), 1e-12)
+            assert rel <= 1e-5, f"worker {rank} {k}: relative difference {rel}"

@@ -1,0 +1,175 @@
+"""The worker's round against MXNet itself, without a job: gradients staged in one buffer,
+checks remembered until an array changes, weights written back by asynchronous engine
+operations that end together."""
+import threading
+import time
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import gluon
+
+from kvstore_ext import engine
+from kvstore_ext.errors import KVStoreError
+from kvstore_ext.ps.batching import WriteBack
+from kvstore_ext.ps.partition import Partitioner
+from kvstore_ext.ps.store import ParameterServerStore
+
+F32 = np.dtype("float32")
+
+
+@pytest.fixture
+def kv(monkeypatch):
+    """A store with two servers and no job: keys of 5 elements or more are split."""
+    def no_job(self):
+        self._part = Partitioner(2, bigarray_bound=5)
+        self._meta = {0: ((2, 3), F32), 1: ((4,), F32), 2: ((2, 2), np.dtype("float64"))}
+
+    monkeypatch.setattr(ParameterServerStore, "__init__", no_job)
+    return ParameterServerStore()
+
+
+def owner(buf):
+    while buf.base is not None and isinstance(buf.base, np.ndarray):
+        buf = buf.base
+    return buf
+
+
+def pushed(plan):
+    """Per (key, block): the buffer the message carries."""
+    return {(b.key, b.index): buf for _, bufs, where in plan.values() for b, buf in zip(where, bufs)}
+
+
+def test_a_calls_gradients_are_slices_of_one_staging_buffer(kv):
+    g0 = mx.nd.arange(6).reshape((2, 3))
+    g1 = mx.nd.array([7, 8, 9, 10])
+    plan = kv._plan("pushpull", [(0, g0), (1, g1)])
+    bufs = pushed(plan)
+    assert sorted(bufs) == [(0, 0), (0, 1), (1, 0)]        # 6 elements: split over 2 servers
+    assert np.array_equal(np.concatenate([bufs[0, 0], bufs[0, 1]]), np.arange(6))
+    assert np.array_equal(bufs[1, 0], [7, 8, 9, 10])
+    assert len({id(owner(b)) for b in bufs.values()}) == 1
+    items = {s: its for s, (its, _, _) in plan.items()}
+    assert items == {0: [[0, 0, "<f4", 3]], 1: [[0, 1, "<f4", 3], [1, 0, "<f4", 4]]}
+
+
+def test_values_of_several_devices_are_summed_in_the_order_given(kv):
+    parts = [mx.nd.full((2, 2), v, dtype="float64") for v in (0.1, 0.2, 0.3)]
+    (buf,) = pushed(kv._plan("push", [(2, parts)])).values()
+    want = (np.full(4, 0.1) + np.full(4, 0.2)) + np.full(4, 0.3)
+    assert np.array_equal(buf, want)
+
+
+def test_a_pull_stages_nothing(kv):
+    plan = kv._plan("pull", [(1, None)])
+    assert plan == {1: ([[1, 0, "<f4", 4]], [], plan[1][2])}
+
+
+def test_values_are_read_at_every_call_even_when_the_checks_are_remembered(kv):
+    g = mx.nd.ones((4,))
+    first = pushed(kv._plan("pushpull", [(1, g)]))[1, 0]
+    g[:] = 5                                   # the same array, a new gradient
+    second = pushed(kv._plan("pushpull", [(1, g)]))[1, 0]
+    assert np.array_equal(first, np.ones(4)) and np.array_equal(second, np.full(4, 5))
+
+
+@pytest.mark.parametrize("value,message", [
+    (mx.nd.ones((3, 2)), "key 0: pushed shape (3, 2), but the key was initialised with shape (2, 3)"),
+    (mx.nd.ones((2, 3), dtype="float64"),
+     "key 0: pushed dtype float64, but the key was initialised as float32"),
+])
+def test_a_wrong_value_is_refused_before_anything_is_read(kv, value, message):
+    good = mx.nd.ones((4,))
+    with pytest.raises(KVStoreError) as err:
+        kv._plan("pushpull", [(1, good), (0, value)])
+    assert str(err.value) == message
+    assert kv._staging._used == 0
+
+
+def test_an_unknown_key_is_refused(kv):
+    with pytest.raises(KVStoreError, match="key 99 has not been initialised"):
+        kv._plan("pushpull", [(99, mx.nd.ones((4,)))])
+
+
+def test_an_array_that_replaces_a_checked_one_is_checked_again(kv):
+    good = mx.nd.ones((4,))
+    kv._plan("pushpull", [(1, good)])
+    with pytest.raises(KVStoreError, match=r"pushed shape \(5,\)"):
+        kv._plan("pushpull", [(1, mx.nd.ones((5,)))])
+    assert np.array_equal(pushed(kv._plan("pushpull", [(1, good)]))[1, 0], np.ones(4))
+
+
+def test_a_parameter_initialised_anew_brings_new_arrays_that_are_read(kv):
+    """gluon.Trainer passes the same gradient arrays every step; a parameter initialised
+    again gets new ones, whose values must be what is sent."""
+    net = gluon.nn.Dense(2, in_units=2, use_bias=False)
+    net.initialize(mx.init.Constant(1.0))
+    kv._meta = {0: ((2, 2), F32)}
+    param = net.weight
+    old = param.list_grad()
+    old[0][:] = 3
+    assert np.array_equal(pushed(kv._plan("pushpull", [(0, old)]))[0, 0], np.full(4, 3))
+    assert kv._checked.get((0, "value"), old) is not None
+    net.initialize(mx.init.Constant(2.0), force_reinit=True)
+    new = param.list_grad()
+    assert new[0] is not old[0] and kv._checked.get((0, "value"), new) is None
+    new[0][:] = 4
+    assert np.array_equal(pushed(kv._plan("pushpull", [(0, new)]))[0, 0], np.full(4, 4))
+    assert kv._checked.get((0, "value"), new) is not None
+
+
+def test_outputs_are_checked_once_and_ordered_as_mxnet_writes_them(kv):
+    kv._meta[3] = ((4,), F32)
+    a, b = mx.nd.zeros((4,)), mx.nd.zeros((4,))
+    targets, kinds = kv._targets([(3, a), (1, [b, a])])   # a twice: ascending keys
+    assert [(k, o is a) for k, o in targets] == [(1, False), (1, True), (3, True)]
+    assert kinds[a.handle.value] == ((4,), F32, True)
+    assert kv._checked.get((1, "out"), [b, a]) is not None
+    with pytest.raises(KVStoreError, match=r"key 1: out has shape \(2, 3\), but the key has "
+                                           r"shape \(4,\)"):
+        kv._targets([(1, mx.nd.zeros((2, 3)))])
+
+
+# -- writing weights back through MXNet's engine -----------------------------------------------------
+def test_an_asynchronous_operation_holds_readers_until_it_is_told_to_end():
+    a = mx.nd.zeros((3,))
+    destination = engine.Destination(a)
+    ends = []
+    engine.push_async(ends.append, [a])
+    deadline = time.monotonic() + 5
+    while not ends and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert ends, "the engine did not start the operation"
+
+    def finish():
+        time.sleep(0.2)
+        destination.write([(0, 3, np.array([1.0, 2.0, 3.0]))])
+        ends[0]()
+        ends[0]()                                  # a second call is ignored
+
+    t0 = time.monotonic()
+    threading.Thread(target=finish).start()
+    assert a.asnumpy().tolist() == [1.0, 2.0, 3.0]
+    assert time.monotonic() - t0 >= 0.15
+
+
+def test_one_write_back_ends_the_operations_of_all_its_calls():
+    """Per-key calls of one round: an operation each, one wait, the last call wins."""
+    a, b = mx.nd.zeros((2,)), mx.nd.zeros((2,))
+    release, fetches, failures = threading.Event(), [], []
+
+    def fetch():
+        fetches.append(1)
+        assert release.wait(5)
+        return {"k1": [(0, 2, np.array([1.0, 1.0]))], "k2": [(0, 2, np.array([2.0, 2.0]))],
+                "k3": [(0, 2, np.array([3.0, 3.0]))]}
+
+    round_ = WriteBack(fetch, failures.append)
+    for key, array in (("k1", a), ("k2", b), ("k3", a)):    # a is written by two calls
+        engine.push_async(lambda done, t=[(key, engine.Destination(array))]:
+                          round_.start(t, done), [array])
+    time.sleep(0.1)
+    assert fetches == [1]                      # the first operation waits, the others do not
+    release.set()
+    assert a.asnumpy().tolist() == [3.0, 3.0] and b.asnumpy().tolist() == [2.0, 2.0]
+    assert fetches == [1] and failures == []

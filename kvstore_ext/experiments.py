@@ -41,7 +41,9 @@ VIRTUAL_KEYS = {"virtual", "workers", "latency", "service", "eval_every", "lr", 
 COMPUTE_SOURCES = ("calibration",)
 CLUSTER_KEYS = {"speeds", "speed_jitter", "speed_seed", "delay_replies", "slow_server", "fault_seed",
                 "device", "device_model", "device_batch", "patterns"} | VIRTUAL_KEYS
-PARADIGM_KEYS = {"name", "kvstore", "params", "backend"}
+#: a paradigm's ``args`` are the training script's arguments for its runs only, over the
+#: experiment's (each paradigm at its own learning rate, say), under ``quick``'s
+PARADIGM_KEYS = {"name", "kvstore", "params", "backend", "args"}
 NATIVE_TYPES = {"dist_sync", "dist_async", "dist_sync_device", "dist_async_device"}
 
 
@@ -55,6 +57,7 @@ class Paradigm:
     kvstore: str
     params: dict = field(default_factory=dict)
     backend: str = "kvstore_ext"
+    args: dict = field(default_factory=dict)
 
     def launch_options(self) -> list[str]:
         opts = ["--backend", self.backend] if self.backend != "kvstore_ext" else []
@@ -135,12 +138,19 @@ class Experiment:
                 for paradigm in self.paradigms:
                     yield trial, cluster, paradigm
 
-    def script_args(self, quick: bool = False) -> list[str]:
+    def run_args(self, paradigm: Paradigm | None = None, quick: bool = False) -> dict:
+        """The training script's arguments of a run: the experiment's, the paradigm's over
+        them, and with ``quick`` the quick ones over both."""
         merged = dict(self.args)
+        if paradigm is not None:
+            merged.update(paradigm.args)
         if quick:
             merged.update(self.quick)
+        return merged
+
+    def script_args(self, paradigm: Paradigm | None = None, quick: bool = False) -> list[str]:
         out = []
-        for k, v in merged.items():
+        for k, v in self.run_args(paradigm, quick).items():
             if v is True:
                 out.append(f"--{k}")
             elif v is not False and v is not None:
@@ -233,7 +243,11 @@ def load_experiment(path: str) -> Experiment:
                 raise ConfigError(f"{at}: {exc}") from None
         elif params:
             raise ConfigError(f"{at}: MXNet's {kvstore} takes no params")
-        paradigms.append(Paradigm(str(entry.get("name", kvstore)), kvstore, params, backend))
+        run_args = entry.get("args") or {}
+        _need(isinstance(run_args, dict), at, f"args must be a mapping of the training script's "
+                                               f"arguments, got {run_args!r}")
+        paradigms.append(Paradigm(str(entry.get("name", kvstore)), kvstore, params, backend,
+                                  dict(run_args)))
     names = [p.name for p in paradigms]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:

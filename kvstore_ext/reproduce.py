@@ -83,7 +83,8 @@ def job_command(exp, paradigm, cluster, workdir, quick):
     emulation = [] if exp.uses_devices(cluster) else ["--worker-speed", ",".join(map(str, speeds))]
     options = [*paradigm.launch_options(), *emulation,
                *exp.launch_options(cluster), "--metrics-dir", os.path.join(workdir, "metrics")]
-    command = [sys.executable, script, "--kvstore", paradigm.kvstore, *exp.script_args(quick),
+    command = [sys.executable, script, "--kvstore", paradigm.kvstore,
+               *exp.script_args(paradigm, quick),
                "--out", os.path.join(workdir, "worker-{rank}.json")]
     return options, command
 

@@ -336,14 +336,6 @@ def _arg(args: dict, name: str, default):
     return default if value is None else value
 
 
-def run_args(exp, quick: bool = False) -> dict:
-    """The training script's arguments of ``exp`` (with ``quick``: its quick ones over them)."""
-    args = dict(exp.args)
-    if quick:
-        args.update(exp.quick)
-    return args
-
-
 def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
                 progress=None) -> dict:
     """One run of ``paradigm`` on ``exp``'s virtual ``cluster``, seeded by ``trial``: the
@@ -352,9 +344,8 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
     each worker's iterations.  ``progress(virtual seconds, pushes)`` is called as the run
     goes (every 50 pushes).
 
-    The training script's arguments give the model (``model``), ``batch-size``, ``lr`` (the
-    cluster's ``lr`` over it),
-    ``momentum``, ``wd``, ``train-size``/``test-size`` of the shipped MNIST digits (``data``),
+    The training script's arguments (the experiment's, the paradigm's over them) give the model
+    (``model``), ``batch-size``, ``lr`` (the cluster's ``lr`` over it), ``momentum``, ``wd``, ``train-size``/``test-size`` of the shipped MNIST digits (``data``),
     ``max-time`` (virtual seconds) and ``max-steps`` (iterations per worker, on average).
     """
     import pickle
@@ -366,7 +357,7 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
     from gluon_trainers.models import MODELS
     from .simulate import simulate
 
-    args = run_args(exp, quick)
+    args = exp.run_args(paradigm, quick)
     opts = exp.cluster_options.get(cluster, {})
     if not exp.times_iterations(cluster):
         raise ValueError(f"{exp.name}: virtual cluster {cluster!r} needs device (the devices "
@@ -503,7 +494,7 @@ class RunProgress:
 
     def __init__(self, exp, cluster: str, paradigm, quick: bool):
         from tqdm import tqdm
-        args = run_args(exp, quick)
+        args = exp.run_args(paradigm, quick)
         n = exp.workers_of(cluster)
         per_worker = int(_arg(args, "max-steps", 0))
         self.by_pushes = bool(per_worker)

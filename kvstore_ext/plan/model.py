@@ -43,8 +43,8 @@ class Costs:
     plus ``worker_byte`` per gradient byte (reading gradients out of MXNet, planning, sealing,
     opening the reply, writing the weights back).  A server's CPU per push message is
     ``server_msg + server_key * keys + server_byte * bytes`` (opening, checks, the policy,
-    gathering, the reply), and per optimizer application ``opt_key * keys + opt_param *
-    params``.  A message crosses a link in ``latency + bytes / bandwidth``.  ``interference[k]``
+    gathering, the reply), and per optimizer application ``opt_call + opt_key * keys +
+    opt_param * params`` (:meth:`apply_seconds`).  A message crosses a link in ``latency + bytes / bandwidth``.  ``interference[k]``
     is the slow-down of one process's compute when k compute at once on one host.
     """
 
@@ -54,6 +54,7 @@ class Costs:
     server_msg: float = 3e-4
     server_key: float = 3e-5
     server_byte: float = 1e-9
+    opt_call: float = 0.0
     opt_key: float = 2e-5
     opt_param: float = 2e-9
     latency: float = 5e-5
@@ -62,6 +63,12 @@ class Costs:
     allreduce_bandwidth: float = 5e8
     interference: dict = field(default_factory=lambda: {1: 1.0})
     cores: int = 2
+
+    def apply_seconds(self, keys, params):
+        """A server's CPU seconds for one optimizer application to ``keys`` keys of ``params``
+        elements in all (arrays or numbers)."""
+        return (self.opt_call + self.opt_key * np.asarray(keys, dtype=float)
+                + self.opt_param * np.asarray(params, dtype=float))
 
     def interference_at(self, k):
         """Slow-down at ``k`` concurrent processes (array or number): measured points,
@@ -186,8 +193,7 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
     link = 2 * costs.latency + 2 * smax_bytes / bw + wire
     push_cpu = (costs.server_msg + costs.server_key * np.asarray(server_keys)
                 + costs.server_byte * sbytes)
-    apply_cpu = costs.opt_key * np.asarray(server_keys) + costs.opt_param * np.asarray(
-        server_elements, dtype=float)
+    apply_cpu = costs.apply_seconds(server_keys, server_elements)
     zero = np.zeros(np.broadcast(n, compute, worker_cpu, push_cpu).shape)
     parts = {name: zero.copy() for name in BOTTLENECKS}
     store = np.asarray(store)
@@ -221,7 +227,7 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
     # (all servers together: every key is on one of them, a message goes to each that holds some)
     all_push = n * (costs.server_msg * np.asarray(messages) + costs.server_key * np.asarray(keys)
                     + costs.server_byte * nbytes)
-    all_apply = costs.opt_key * np.asarray(keys) + costs.opt_param * np.asarray(elements, dtype=float)
+    all_apply = costs.apply_seconds(keys, elements)
     server_cpu = np.where(allreduce, 0.0, all_push + np.where(sync, 1.0, n) * all_apply)
     cpu = n * (np.asarray(host_s, dtype=float) + worker_cpu) + server_cpu
     # what sharing costs beyond the cores' count (switches, caches): C_interf(n) x cores / n
@@ -370,7 +376,7 @@ def server_service(costs: Costs, place: dict) -> tuple[float, float]:
     keys, elements = place["keys"], place["elements"]
     return (costs.server_msg + costs.server_key * keys
             + costs.server_byte * BYTES_PER_PARAM * elements,
-            costs.opt_key * keys + costs.opt_param * elements)
+            costs.apply_seconds(keys, elements))
 
 
 def simulated_time(*args, **kwargs) -> float:

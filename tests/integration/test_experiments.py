@@ -72,6 +72,21 @@ def test_bad_configs_name_the_key(tmp_path, change, match):
         load_experiment(write(tmp_path, GOOD.replace(old, new, 1)))
 
 
+def test_a_paradigms_args_are_its_runs_only_and_quick_still_shortens_them(tmp_path):
+    text = GOOD.replace("{name: BSP, kvstore: dist_bsp}",
+                        "{name: BSP, kvstore: dist_bsp, args: {lr: 0.5, momentum: 0.9}}")
+    text += "args: {lr: 0.05, max-time: 30}\nquick: {max-time: 2}\n"
+    exp = load_experiment(write(tmp_path, text))
+    bsp, dssp = exp.paradigms
+    assert exp.run_args(bsp) == {"lr": 0.5, "max-time": 30, "momentum": 0.9}
+    assert exp.run_args(dssp) == {"lr": 0.05, "max-time": 30}
+    assert exp.run_args(bsp, quick=True)["max-time"] == 2
+    assert exp.script_args(bsp) == ["--lr", "0.5", "--max-time", "30", "--momentum", "0.9"]
+    with pytest.raises(ConfigError, match=r"paradigms\[0\]: args must be a mapping"):
+        load_experiment(write(tmp_path, GOOD.replace("{name: BSP, kvstore: dist_bsp}",
+                                                     "{name: BSP, kvstore: dist_bsp, args: 3}")))
+
+
 def test_cluster_faults_and_env_become_launch_options(tmp_path):
     text = GOOD.replace("[1.0, 0.43]", "{speeds: [1.0, 0.43], delay_replies: '0.01:2', "
                                        "fault_seed: 4}") + "env: {KVX_BIGARRAY_BOUND: 100}\n"

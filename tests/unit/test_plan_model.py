@@ -59,6 +59,16 @@ def test_asp_worker_by_hand_and_the_servers_cap():
     assert seconds == pytest.approx(64 * 0.003655)
 
 
+def test_an_optimizer_call_costs_once_per_application():
+    # the fused kernels' fixed cost: once per BSP round, once per push under ASP
+    bsp, _ = one("dist_bsp", 2)
+    asp, _ = one("dist_asp", 2)
+    assert one("dist_bsp", 2, c=costs(opt_call=1e-3))[0] == pytest.approx(bsp + 1e-3)
+    assert one("dist_asp", 2, c=costs(opt_call=1e-3))[0] == pytest.approx(asp + 1e-3)
+    assert float(costs(opt_call=1e-3).apply_seconds(2, 251_000)) == pytest.approx(
+        1e-3 + 2 * 1e-4 + 251_000 * 1e-9)
+
+
 def test_the_slowest_device_sets_a_bsp_round():
     seconds, parts = one("dist_bsp", 2, device=0.1, device_max_s=0.25)
     assert seconds == pytest.approx(0.25 + 0.002204 + 0.002208 + 0.006859)

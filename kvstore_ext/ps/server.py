@@ -902,7 +902,9 @@ class Server:
             self.metrics.pushes_applied += group.gathered * len(group.slots)
             group.gathered = 0
         if self.pooled and self.optimizer is not None:
-            pool = self.pool_policy.pool
+            # the pool of the blocks being updated: blocks never pushed (a frozen parameter)
+            # or pushed apart from the others have a pool of their own, which these never saw
+            pool = groups[0].policy.pool
             self.optimizer.tune(pool.lr_scale(), pool.momentum)
         runs = [run for group in groups for run, _, _ in group.runs]
         if self.optimizer is None:   # the store holds the summed value, as MXNet's servers do
@@ -924,9 +926,11 @@ class Server:
     # -- a worker pool (dist_pool): the server owns the learning rate and the batch sizes ----
     @property
     def pool_policy(self):
-        """A group's policy, which runs a worker pool (every group's pool sees the same
-        pushes, so any one speaks for all)."""
-        return self.groups[0].policy
+        """The worker pool that speaks for the server: the one that has applied the most
+        pushes.  Groups pushed together see the same pushes and agree; a group of blocks that
+        are never pushed (``grad_req='null'``, a frozen layer) keeps a pool that never moves,
+        and must not answer for the others."""
+        return max(self.groups, key=lambda g: g.policy.pool.updates).policy
 
     def pool_assignment(self, worker: int, policy=None) -> dict:
         """What a worker is told with its OK (by ``policy``, the pool of the group that let

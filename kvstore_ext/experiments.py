@@ -30,12 +30,14 @@ TOP_KEYS = {"name", "description", "paper", "script", "args", "workers", "server
 #: (virtual seconds between evaluations) or ``eval_every_iterations`` (evaluate when worker 0
 #: completes every k-th iteration, as a launched run's ``--eval-interval``), ``lr`` (the
 #: learning rate at this size, over the script's: the stores sum n workers' gradients),
-#: ``patience`` (end a run after this many evaluations below its best accuracy),
+#: ``patience`` (end a run after this many evaluations below its best accuracy), ``min_delta``
+#: (with patience: a new best must beat the old by more than this, as Keras' EarlyStopping),
 #: ``calibration`` (a ``plan calibrate`` JSON: the latency, service and apply times of the
 #: planner's model of this job, instead of ``latency`` and ``service``), and ``compute:
 #: calibration`` (iteration times from that calibration's compute of the model instead of
 #: ``device``; ``speeds`` scale them per worker, ``workers_per_host`` workers share a host)
 VIRTUAL_KEYS = {"virtual", "workers", "latency", "service", "eval_every", "lr", "patience",
+                "min_delta",
                 "calibration", "eval_every_iterations", "compute", "workers_per_host"}
 #: where a virtual cluster's iteration times can come from besides emulated devices
 COMPUTE_SOURCES = ("calibration",)
@@ -287,7 +289,8 @@ def _cluster_options(entry: dict, at: str, servers: int, workers: int) -> dict:
                           f"(worker 0's iterations), not both")
     workers = out.get("workers", workers)
     for key, what in (("latency", "seconds"), ("service", "seconds"),
-                      ("eval_every", "virtual seconds"), ("lr", "a learning rate")):
+                      ("eval_every", "virtual seconds"), ("lr", "a learning rate"),
+                      ("min_delta", "an accuracy")):
         value = out.get(key, 0.0)
         _need(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
               and math.isfinite(value), at, f"{key} must be {what} >= 0, got {value!r}")
@@ -433,17 +436,21 @@ def summarise(runs: list[dict], targets: list[float]) -> list[dict]:
 
 # -- validation curves (the Adaptable Asynchrony experiments) -----------------------------------
 
-def early_stop(losses: list[float], patience: int) -> tuple[int, int]:
+def early_stop(losses: list[float], patience: int,
+               min_delta: float = 0.0) -> tuple[int, int]:
     """``(stop, best)`` indices of early stopping on a validation-loss curve: training stops at
     the first measurement ``patience`` after the lowest so far (or at the end), and keeps the
-    weights of the lowest measurement up to there."""
+    weights of the lowest measurement up to there. As Keras' ``EarlyStopping``, a measurement
+    is a new low only when it is below the low by more than ``min_delta``."""
     if not losses:
         raise ValueError("early stopping needs at least one validation measurement")
     if patience < 1:
         raise ValueError(f"patience must be >= 1 measurement, got {patience}")
+    if not min_delta >= 0:
+        raise ValueError(f"min_delta must be >= 0, got {min_delta}")
     low = 0
     for i, loss in enumerate(losses):
-        if loss < losses[low]:
+        if loss < losses[low] - min_delta:
             low = i
         if i - low >= patience:
             return i, low

@@ -100,7 +100,7 @@ class VirtualTraining:
                  y_test, batch_size: int, make_optimizer, servers: int = 1,
                  bigarray_bound: int = 1_000_000, seed: int = 0, eval_every: float = 0.0,
                  max_iterations: int = 0, record_trace: bool = False, progress=None,
-                 patience: int = 0, eval_every_iterations: int = 0):
+                 patience: int = 0, eval_every_iterations: int = 0, min_delta: float = 0.0):
         import mxnet as mx
         from mxnet import gluon
         from .optimizers import ServerOptimizer
@@ -163,6 +163,7 @@ class VirtualTraining:
         self.eval_every_iterations = eval_every_iterations
         self.max_iterations = max_iterations
         self.patience = patience      # evaluations without a new best accuracy that end the run
+        self.min_delta = min_delta    # how much a new best must beat the old one by
         self.stopped_early = False
         self.pushes = 0
         self.now = 0.0
@@ -251,11 +252,13 @@ class VirtualTraining:
 
     def _record_evaluation(self, at: float) -> None:
         """Evaluate on the test set at ``at``; the run stops once ``patience`` evaluations in
-        a row are below the best so far."""
+        a row have not beaten the best so far by more than ``min_delta``."""
+        from .experiments import early_stop
         self.evaluate(at)
-        accuracies = [e.accuracy for e in self.log.curve]
-        behind = len(accuracies) - 1 - accuracies.index(max(accuracies))
-        self.stopped_early = bool(self.patience) and behind >= self.patience
+        if self.patience:
+            errors = [-e.accuracy for e in self.log.curve]
+            _, best = early_stop(errors, self.patience, self.min_delta)
+            self.stopped_early = len(errors) - 1 - best >= self.patience
 
     # -- the model -----------------------------------------------------------------------------
     def _batch(self, worker: int):
@@ -399,7 +402,8 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
                          eval_every=eval_every, eval_every_iterations=every_iterations,
                          max_iterations=per_worker * n,
                          progress=moved if progress else None,
-                         patience=int(opts.get("patience", 0)))
+                         patience=int(opts.get("patience", 0)),
+                         min_delta=float(opts.get("min_delta", 0.0)))
     t0 = time.perf_counter()
     blocks = vt.blocks_per_server() if servers > 1 else None
     result = simulate(paradigm.kvstore, paradigm.params, None, horizon,

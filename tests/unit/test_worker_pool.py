@@ -202,6 +202,16 @@ def test_early_stop_stops_patience_measurements_after_the_lowest():
         early_stop(losses, 0)
 
 
+def test_early_stop_needs_a_new_low_to_beat_the_old_by_min_delta():
+    from kvstore_ext.experiments import early_stop
+    creeping = [1.0, 0.5, 0.499, 0.498, 0.4975, 0.497, 0.3]
+    assert early_stop(creeping, 2) == (6, 6)                   # every creep is a new low
+    assert early_stop(creeping, 3, min_delta=0.01) == (4, 1)   # none beats 0.5 by 0.01
+    assert early_stop(creeping, 2, min_delta=0.0015) == (5, 3)  # 0.498 beats 0.5 by 0.002
+    with pytest.raises(ValueError, match="min_delta must be >= 0, got -0.1"):
+        early_stop(creeping, 3, min_delta=-0.1)
+
+
 def test_pool_spikes_measure_the_rise_after_each_change():
     from kvstore_ext.experiments import pool_spikes
     losses = [1.0, 0.9, 1.3, 1.1, 0.8, 0.7, 0.6]

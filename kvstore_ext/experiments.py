@@ -20,7 +20,7 @@ from .devices import DeviceClock, parse_devices, parse_pattern
 from .stragglers import parse_speeds
 
 TOP_KEYS = {"name", "description", "paper", "script", "args", "workers", "servers", "clusters",
-            "trials", "targets", "paradigms", "timeout", "quick", "env"}
+            "trials", "targets", "paradigms", "timeout", "quick", "env", "seed_by_trial"}
 #: a cluster is a list of worker speeds, or a mapping with the speeds, their jitter (launch.py's
 #: --speed-jitter/--speed-seed) and server fault injection (--delay-replies, --slow-server, --fault-seed)
 #: or emulated devices: ``device`` (launch.py's --device), ``device_model``, ``device_batch``,
@@ -90,6 +90,9 @@ class Experiment:
     cluster_options: dict[str, dict] = field(default_factory=dict)  # cluster -> jitter, faults
     cluster_workers: dict[str, int] = field(default_factory=dict)   # a virtual cluster's n
     env: dict = field(default_factory=dict)                 # variables for every process
+    #: each launched trial runs the script with ``--seed TRIAL``, as a virtual run is seeded
+    #: by its trial (its initial weights then match): without it, every trial has one seed
+    seed_by_trial: bool = False
 
     def launch_options(self, cluster: str) -> list[str]:
         """launch.py options of a cluster besides the speeds: jitter, fault injection, environment."""
@@ -150,8 +153,11 @@ class Experiment:
             merged.update(self.quick)
         return merged
 
-    def script_args(self, paradigm: Paradigm | None = None, quick: bool = False) -> list[str]:
-        out = []
+    def script_args(self, paradigm: Paradigm | None = None, quick: bool = False,
+                    trial: int | None = None) -> list[str]:
+        """The script's command-line arguments of a run (with ``seed_by_trial``, ``trial``'s
+        seed)."""
+        out = ["--seed", str(trial)] if self.seed_by_trial and trial is not None else []
         for k, v in self.run_args(paradigm, quick).items():
             if v is True:
                 out.append(f"--{k}")
@@ -259,13 +265,19 @@ def load_experiment(path: str) -> Experiment:
     _need(isinstance(env, dict) and all(isinstance(k, str) and k.isidentifier() for k in env),
           where, f"env must map variable names to values, got {env!r}")
 
+    seed_by_trial = raw.get("seed_by_trial", False)
+    _need(isinstance(seed_by_trial, bool), where,
+          f"seed_by_trial must be true or false, got {seed_by_trial!r}")
+    _need(not (seed_by_trial and "seed" in args), where,
+          "give seed_by_trial (each trial its own --seed) or args: seed, not both")
+
     return Experiment(name=str(raw["name"]), script=str(raw["script"]), args=args,
                       workers=workers, servers=servers, clusters=clusters, trials=trials,
                       targets=[float(t) for t in targets], paradigms=paradigms,
                       description=str(raw.get("description", "")), paper=str(raw.get("paper", "")),
                       timeout=float(raw.get("timeout", 1800)), quick=quick, path=path,
                       cluster_options=cluster_options, cluster_workers=cluster_workers,
-                      env={k: str(v) for k, v in env.items()})
+                      env={k: str(v) for k, v in env.items()}, seed_by_trial=seed_by_trial)
 
 
 def _cluster_options(entry: dict, at: str, servers: int, workers: int) -> dict:

@@ -76,15 +76,16 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def job_command(exp, paradigm, cluster, workdir, quick):
-    """The launch.py options and the worker command of one run."""
+def job_command(exp, paradigm, cluster, workdir, quick, trial=None):
+    """The launch.py options and the worker command of one run (``trial``: its seed, when the
+    config seeds by trial)."""
     script = os.path.normpath(os.path.join(ROOT, exp.script))
     speeds = exp.clusters[cluster]
     emulation = [] if exp.uses_devices(cluster) else ["--worker-speed", ",".join(map(str, speeds))]
     options = [*paradigm.launch_options(), *emulation,
                *exp.launch_options(cluster), "--metrics-dir", os.path.join(workdir, "metrics")]
     command = [sys.executable, script, "--kvstore", paradigm.kvstore,
-               *exp.script_args(paradigm, quick),
+               *exp.script_args(paradigm, quick, trial),
                "--out", os.path.join(workdir, "worker-{rank}.json")]
     return options, command
 
@@ -140,7 +141,7 @@ def predict(runs, rows, exp) -> None:
 def launched_run(exp, trial, cluster, paradigm, quick) -> dict:
     """One run as a local job of real processes (launch.py), and its record."""
     with tempfile.TemporaryDirectory() as workdir:
-        options, command = job_command(exp, paradigm, cluster, workdir, quick)
+        options, command = job_command(exp, paradigm, cluster, workdir, quick, trial)
         t0 = time.perf_counter()
         run_local_job(exp.workers, exp.servers, command, options=options, timeout=exp.timeout)
         return collect(workdir, exp, trial, cluster, paradigm, time.perf_counter() - t0)
@@ -357,7 +358,8 @@ def main(argv=None) -> int:
                                   paradigm.name, "--trials", str(trial + 1)]))
                 continue
             options, command = job_command(exp, paradigm, cluster,
-                                           f"<tmp>/{trial}-{cluster}-{paradigm.name}", args.quick)
+                                           f"<tmp>/{trial}-{cluster}-{paradigm.name}", args.quick,
+                                           trial)
             launch = [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), "-n", str(exp.workers),
                       "-s", str(exp.servers), "--launcher", "local", *options, *command]
             print(f"# trial {trial}, cluster {cluster}, {paradigm.name}")

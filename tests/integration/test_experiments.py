@@ -87,6 +87,22 @@ def test_a_paradigms_args_are_its_runs_only_and_quick_still_shortens_them(tmp_pa
                                                      "{name: BSP, kvstore: dist_bsp, args: 3}")))
 
 
+def test_seed_by_trial_gives_each_launched_trial_its_own_seed(tmp_path):
+    from kvstore_ext.reproduce import job_command
+    exp = load_experiment(write(tmp_path, GOOD + "seed_by_trial: true\n"))
+    bsp = exp.paradigms[0]
+    _, command = job_command(exp, bsp, "mixed", str(tmp_path), False, trial=2)
+    assert command[command.index("--seed") + 1] == "2"
+    plain = load_experiment(write(tmp_path, GOOD))
+    _, command = job_command(plain, bsp, "mixed", str(tmp_path), False, trial=2)
+    assert "--seed" not in command                  # the script's own default, every trial
+    for bad, match in [("seed_by_trial: 1\n", "seed_by_trial must be true or false, got 1"),
+                       ("seed_by_trial: true\nargs: {seed: 3}\n",
+                        "give seed_by_trial .* or args: seed, not both")]:
+        with pytest.raises(ConfigError, match=match):
+            load_experiment(write(tmp_path, GOOD + bad))
+
+
 def test_cluster_faults_and_env_become_launch_options(tmp_path):
     text = GOOD.replace("[1.0, 0.43]", "{speeds: [1.0, 0.43], delay_replies: '0.01:2', "
                                        "fault_seed: 4}") + "env: {KVX_BIGARRAY_BOUND: 100}\n"

@@ -238,6 +238,28 @@ def test_agreement_rows_compare_medians_against_the_bounds():
                              "time": True}
 
 
+def test_agreement_rows_also_pair_the_times_seed_by_seed():
+    """The medians of each side can come from different seeds: with launched trials seeded
+    by their number, each seed's virtual time is also set against its real one."""
+    from kvstore_ext.experiments import load_experiment
+    from kvstore_ext.virtual_training import agreement_rows
+    exp = load_experiment(os.path.join(ROOT, "configs", "virtual", "agreement_n2.yaml"))
+    assert exp.seed_by_trial
+
+    def run(cluster, trial, reach_at):
+        return {"cluster": cluster, "paradigm": "BSP", "trial": trial, "iterations": [100],
+                "staleness_mean": 0.0, "final_accuracy": 0.95,
+                "curve": [{"time_s": reach_at, "test_accuracy": 0.95}]}
+    # seed 0's real curve crossed one evaluation later: the medians are 20 against 15.7
+    runs = [run("real", 0, 20.0), run("real", 1, 22.2), run("real", 2, 15.8),
+            run("virtual", 0, 15.7), run("virtual", 1, 22.0), run("virtual", 2, 15.7)]
+    row = agreement_rows(runs, exp)[0]
+    assert row["time_diff"] == pytest.approx(15.7 / 20.0 - 1)
+    assert row["time_paired_diff"] == pytest.approx(22.0 / 22.2 - 1)    # the median of three
+    exp.seed_by_trial = False
+    assert agreement_rows(runs, exp)[0]["time_paired_diff"] is None
+
+
 def test_a_cluster_with_a_calibration_takes_the_planners_message_costs(tmp_path):
     """``calibration:`` in a virtual cluster: the simulator gets the planner's latency,
     service and apply times for this model, store and size (the same mapping predict's

@@ -296,6 +296,9 @@ def _cluster_options(entry: dict, at: str, servers: int, workers: int) -> dict:
         value = out.get(key, 1)
         _need(isinstance(value, int) and not isinstance(value, bool) and value >= 1, at,
               f"{key} must be an integer >= 1, got {value!r}")
+    if "min_delta" in out and "patience" not in out:
+        raise ConfigError(f"{at}: min_delta is how much a new best must beat the old by before "
+                          f"patience runs out: give patience too")
     if "eval_every" in out and "eval_every_iterations" in out:
         raise ConfigError(f"{at}: give eval_every (virtual seconds) or eval_every_iterations "
                           f"(worker 0's iterations), not both")

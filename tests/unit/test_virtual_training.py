@@ -374,6 +374,8 @@ paradigms: [{{name: BSP, kvstore: dist_bsp}}]
      "eval_every .* or eval_every_iterations .* not both"),
     ({"compute": "calibration", "calibration": "c.json", "patterns": ["transient:2:3:2"]},
      "transient probability must be in"),
+    ({"device": "200ms", "min_delta": 0.01}, "min_delta .* give patience too"),
+    ({"device": "200ms", "patience": 3, "min_delta": -0.1}, "min_delta must be an accuracy >= 0"),
 ])
 def test_bad_compute_and_evaluation_keys_name_the_key(cluster, message):
     from kvstore_ext.experiments import ConfigError, _cluster_options

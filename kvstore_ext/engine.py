@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import logging
+import math
 import queue
 import threading
 import time
@@ -193,7 +194,7 @@ def host_view(array, shape=None, dtype=None) -> np.ndarray:
     """
     shape = tuple(array.shape) if shape is None else shape
     dtype = np.dtype(array.dtype if dtype is None else dtype)
-    size = int(np.prod(shape))
+    size = math.prod(shape)
     if size == 0:
         return np.empty(shape, dtype)
     ptr = ctypes.c_void_p()

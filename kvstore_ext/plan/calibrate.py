@@ -206,12 +206,28 @@ while True:
 
 
 def measure_wire(sizes=(1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22, 1 << 23),
-                 passes: int = 5, reps: int = 8, latency_block: int = 25) -> dict:
+                 passes: int = 5, reps: int = 8, latency_block: int = 25,
+                 echoes: int = 3) -> dict:
     """One-way latency (64-byte round trips, halved) and bandwidth (the slope of the one-way
     time against the size, 1 KB to 8 MB) to an echo process on 127.0.0.1 over ZeroMQ; sizes
-    interleaved pass after pass, each the trimmed mean of its round trips.  Larger messages
+    interleaved pass after pass, each the trimmed mean of its round trips, then the median
+    over ``echoes`` echo processes one after the other (how two processes share the two cores
+    is set when they start: one echo's latency was 50 us, the next one's 68).  Larger messages
     leave the L3 cache and cross loopback several times slower per byte here (32 MB: 1.8
     against 4.8 GB/s): the bandwidth is that of messages of up to a few MB."""
+    runs = [_echo_seconds(sizes, passes, reps, latency_block) for _ in range(echoes)]
+    seconds = {label: statistics.median(run[label] for run in runs) for label in runs[0]}
+    latency = seconds[0] / latency_block / 2
+    one_way = [seconds[size] / 2 for size in sizes]
+    f = fit({"latency": np.ones(len(sizes)), "per_byte": np.asarray(sizes, dtype=float)}, one_way,
+            nonnegative=True, relative=True)
+    return {"sizes": list(sizes), "one_way_s": one_way, "fit": f, "latency": latency,
+            "bandwidth": 1.0 / max(f["per_byte"], 1e-12)}
+
+
+def _echo_seconds(sizes, passes: int, reps: int, latency_block: int) -> dict:
+    """Seconds per round trip of each size to one new echo process (label 0: a block of
+    ``latency_block`` 64-byte round trips)."""
     import zmq
     echo = subprocess.Popen([sys.executable, "-c", _ECHO], stdout=subprocess.PIPE, text=True)
     ctx = zmq.Context()
@@ -229,39 +245,44 @@ def measure_wire(sizes=(1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22, 1 << 23),
         fns.update({size: round_trips(np.ones(size, dtype=np.uint8)) for size in sizes})
         seconds = timed(fns, passes, reps)
         sock.send(b"")
+        echo.wait(10)
     finally:
         sock.close(0)
         ctx.term()
-        echo.wait(10)
-    latency = seconds[0] / latency_block / 2
-    one_way = [seconds[size] / 2 for size in sizes]
-    f = fit({"latency": np.ones(len(sizes)), "per_byte": np.asarray(sizes, dtype=float)}, one_way,
-            nonnegative=True, relative=True)
-    return {"sizes": list(sizes), "one_way_s": one_way, "fit": f, "latency": latency,
-            "bandwidth": 1.0 / max(f["per_byte"], 1e-12)}
+        if echo.poll() is None:
+            echo.kill()
+            echo.wait()
+    return seconds
 
 
-def measure_optimizer(passes: int = 3, reps: int = 3) -> dict:
-    """The servers' optimizer (:class:`~kvstore_ext.optimizers.ServerOptimizer` with MXNet's
-    momentum SGD, one round's keys in one call) over k keys of m elements, up to 4.1 M elements
-    (beyond, the weights, gradients and momentum leave the 32 MB L3 cache, and an element costs
-    about 1.5 times as much: 6.4 M took 25 ms against 18 ms on the line through the others)."""
+def measure_optimizer(keys=(1, 8, 64, 256, 1024), sizes=(100, 1_000, 16_000, 100_000),
+                      passes: int = 5, reps: int = 10) -> dict:
+    """The servers' optimizer as they run it: :meth:`ServerOptimizer.apply_runs
+    <kvstore_ext.optimizers.ServerOptimizer.apply_runs>` with MXNet's momentum SGD over k
+    blocks of m elements held back to back in one :class:`~kvstore_ext.optimizers.FlatArrays`
+    (a group's blocks, one kernel array), up to 4.2 M elements (beyond, the weights, gradients
+    and momentum leave the 32 MB L3 cache, and an element costs about 1.5 times as much).
+    Timing separate arrays instead would charge a kernel array per key (6 us here) that the
+    servers do not pay, and leave the servers' own per-key cost to absorb the difference."""
     import mxnet as mx
-    from ..optimizers import ServerOptimizer
+    from ..optimizers import FlatArrays, Run, ServerOptimizer
     applies = {}
-    for keys in (8, 64, 256):
-        for size in (1_000, 16_000, 100_000):
-            if keys * size > 4_200_000:
+    for k in keys:
+        for size in sizes:
+            if k * size > 4_200_000:
                 continue
             opt = ServerOptimizer(mx.optimizer.SGD(learning_rate=0.01, momentum=0.9, wd=1e-4),
                                   "dist_bsp", asynchronous=False)
-            ws = [mx.nd.ones((size,)) for _ in range(keys)]
-            gs = [mx.nd.ones((size,)) for _ in range(keys)]
+            home = FlatArrays(np.float32)
+            offsets = [home.add(size) for _ in range(k)]
+            home.numpy("weight")[:] = 1.0
+            home.numpy("grad")[:] = 1.0
+            run = Run(home, range(k), offsets + [offsets[-1] + size])
 
-            def apply(opt=opt, ws=ws, gs=gs, idx=tuple(range(keys))):
-                opt.apply(idx, gs, ws)
+            def apply(opt=opt, run=run):
+                opt.apply_runs([run])
                 mx.nd.waitall()
-            applies[(keys, keys * size)] = apply
+            applies[(k, k * size)] = apply
     seconds = timed(applies, passes, reps)
     rows = [(k, p, t) for (k, p), t in seconds.items()]
     return {"points": [list(r) for r in rows], "fit": fit_optimizer(rows)}
@@ -283,14 +304,21 @@ def optimizer_seconds(optimizer_fit: dict, keys, params):
 
 
 #: the runtime jobs' shape sets: real models and synthetic sets that vary keys and bytes apart
-RUNTIME_SETS = ("lenet", "cifar_resnet20_v1", "256x1024", "64x4096", "32x16384", "32x65536",
-                "8x65536", "1x800000", "8x100")
+#: (one where each coefficient weighs most: 1x100 the message, 512x16 the key, 1x800000 the
+#: byte), pushes of at most 4 MB: the server then holds a push with its weights, gradients and
+#: momentum in the 32 MB L3 cache (an 8 MB set's server CPU differed by a quarter between two
+#: calibrations)
+RUNTIME_SETS = ("lenet", "cifar_resnet20_v1", "256x1024", "64x4096", "32x16384", "16x65536",
+                "8x65536", "1x800000", "8x100", "1x100", "512x16")
 
 
 def measure_runtime(optimizer_fit: dict, sets=RUNTIME_SETS, rounds: int = 30,
-                    repeats: int = 5) -> dict:
-    """Worker CPU per round and server CPU per push in real 1 x 1 ``dist_bsp`` jobs (the
-    median of ``repeats`` jobs per set, interleaved)."""
+                    repeats: int = 7) -> dict:
+    """Worker CPU per round and server CPU per push in real 1 x 1 ``dist_bsp`` jobs, over
+    ``repeats`` jobs per set, interleaved: the mean without the highest and lowest.  Not the
+    median: a job's CPU falls in one of two modes set when its processes start (two jobs of
+    64x4096 in a row: 2.6 and 1.8 ms of server CPU per round), and a median of a few jobs
+    jumps between the modes where a mean moves by the share of jobs in each."""
     from .jobs import run_job
     runs = {name: [] for name in sets}
     for _ in range(repeats):
@@ -300,12 +328,19 @@ def measure_runtime(optimizer_fit: dict, sets=RUNTIME_SETS, rounds: int = 30,
     for name in sets:
         rs = runs[name]
         keys, elements = rs[0]["keys"], rs[0]["elements"]
-        server = statistics.median(r["servers"][0]["cpu_s"] / r["rounds"] for r in rs)
         rows.append({"set": name, "keys": keys, "bytes": BYTES_PER_PARAM * elements,
-                     "round_s": statistics.median(r["seconds"] / r["rounds"] for r in rs),
-                     "worker_cpu_s": statistics.median(r["comm_cpu_s"] / r["rounds"] for r in rs),
-                     "server_cpu_s": server})
+                     "round_s": _outer_trimmed([r["seconds"] / r["rounds"] for r in rs]),
+                     "worker_cpu_s": _outer_trimmed([r["comm_cpu_s"] / r["rounds"] for r in rs]),
+                     "server_cpu_s": _outer_trimmed([r["servers"][0]["cpu_s"] / r["rounds"]
+                                                     for r in rs])})
     return {"jobs": rows, **fit_runtime(rows, optimizer_fit)}
+
+
+def _outer_trimmed(values) -> float:
+    """The mean of ``values`` without their highest and lowest (all of them if fewer than
+    four)."""
+    v = sorted(values)
+    return statistics.fmean(v[1:-1] if len(v) >= 4 else v)
 
 
 def fit_runtime(rows: list[dict], optimizer_fit: dict) -> dict:
@@ -327,23 +362,26 @@ def fit_runtime(rows: list[dict], optimizer_fit: dict) -> dict:
 #: ``calibrate --quick``: fewer, shorter measurements, to check the pipeline (not for figures)
 QUICK = {"compute": {"batch_sizes": (16, 64), "passes": 1, "reps": 2},
          "interference": {"counts": (1, 2), "seconds": 1.0, "rounds": 1},
-         "wire": {"passes": 2, "reps": 3},
-         "optimizer": {"passes": 1, "reps": 2},
-         "runtime": {"sets": ("lenet", "256x1024", "32x65536", "8x100"), "repeats": 1,
+         "wire": {"passes": 2, "reps": 3, "echoes": 1},
+         "optimizer": {"keys": (1, 64), "sizes": (1_000, 100_000), "passes": 1, "reps": 2},
+         "runtime": {"sets": ("lenet", "256x1024", "16x65536", "8x100"), "repeats": 1,
                      "rounds": 15}}
 
 
-def measure_allreduce(workers: int = 2) -> dict | None:
-    """Gloo's ring allreduce in a real 2-worker Horovod job: ``2(n-1)`` steps of latency and
+def measure_allreduce(workers: int = 2, jobs: int = 5) -> dict | None:
+    """Gloo's ring allreduce in real 2-worker Horovod jobs: ``2(n-1)`` steps of latency and
     ``2(n-1)/n`` of the bytes, fitted over 64 KB to 8 MB (``jobs.ALLREDUCE_SIZES``) on relative
-    residuals (the small sizes then decide the latency, the large ones the bandwidth); None
-    without Horovod."""
+    residuals (the small sizes then decide the latency, the large ones the bandwidth); each
+    size's mean over ``jobs`` jobs without the highest and lowest (where a job's workers fall
+    in Horovod's background cycle is set when it starts: one job's small allreduces took 1.9
+    ms, the next one's 1.2); None without Horovod."""
     try:
         import horovod.mxnet  # noqa: F401
     except ImportError:
         return None
     from .jobs import run_allreduce_job
-    seconds = run_allreduce_job(workers)
+    runs = [run_allreduce_job(workers) for _ in range(jobs)]
+    seconds = {k: _outer_trimmed([run[k] for run in runs]) for k in runs[0]}
     sizes = sorted(seconds)
     nbytes = np.array([BYTES_PER_PARAM * k for k in sizes], dtype=float)
     steps = 2 * (workers - 1)

@@ -47,11 +47,12 @@ def make_sgd(lr=0.05, momentum=0.9, wd=1e-4):
 
 
 def train(digits, store, params, horizon, devices="1000ms,2000ms,3000ms", workers=3,
-          servers=1, seed=0, eval_every_iterations=0, **optimizer):
+          servers=1, seed=0, eval_every_iterations=0, bigarray_bound=1_000_000, **optimizer):
     x, y, xt, yt = digits
     vt = VirtualTraining(fresh_net(seed), store, workers, x, y, xt, yt, BATCH,
                          make_sgd(**optimizer), servers=servers, seed=seed, record_trace=True,
-                         eval_every_iterations=eval_every_iterations)
+                         eval_every_iterations=eval_every_iterations,
+                         bigarray_bound=bigarray_bound)
     clocks = DeviceClock.for_cluster(devices, [], workers)
     blocks = vt.blocks_per_server() if servers > 1 else None
     simulate(store, registry.lookup(store).check(params), None, horizon, clocks=clocks,
@@ -144,9 +145,18 @@ def test_one_asynchronous_worker_is_plain_gluon_sgd(digits):
         np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
 
 
-def test_a_bsp_round_sums_every_workers_gradient_from_the_same_weights(digits):
+@pytest.mark.parametrize("store, params, servers", [
+    ("dist_bsp", {}, 1),
+    # every block its own round of all three workers, LeNet's larger arrays cut across two
+    # servers (bigarray_bound 1,000): each server's flat storage must give every block back
+    ("dist_psp", {"min_pushes": 3}, 2)])
+def test_a_synchronous_round_sums_every_workers_gradient_from_the_same_weights(
+        digits, store, params, servers):
     x, y = digits[0], digits[1]
-    vt = train(digits, "dist_bsp", {}, 3.0, seed=1)   # exactly one round
+    vt = train(digits, store, params, 3.0, seed=1, servers=servers,
+               bigarray_bound=1000)   # exactly one round
+    if servers > 1:   # keys with blocks on both servers
+        assert {b.key for b in vt.servers[0].blocks} & {b.key for b in vt.servers[1].blocks}
     net = fresh_net(1)
     params = list(net.collect_params().values())
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()

@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from .model import BYTES_PER_PARAM
-from .timing import timed
+from .timing import timed, trimmed_mean
 
 
 def fit(columns: dict, y, nonnegative: bool = False, relative: bool = False) -> dict:
@@ -328,19 +328,13 @@ def measure_runtime(optimizer_fit: dict, sets=RUNTIME_SETS, rounds: int = 30,
     for name in sets:
         rs = runs[name]
         keys, elements = rs[0]["keys"], rs[0]["elements"]
+        def per_round(of, rs=rs):   # the mean without the highest and lowest job
+            return trimmed_mean([of(r) / r["rounds"] for r in rs], drop=1)
         rows.append({"set": name, "keys": keys, "bytes": BYTES_PER_PARAM * elements,
-                     "round_s": _outer_trimmed([r["seconds"] / r["rounds"] for r in rs]),
-                     "worker_cpu_s": _outer_trimmed([r["comm_cpu_s"] / r["rounds"] for r in rs]),
-                     "server_cpu_s": _outer_trimmed([r["servers"][0]["cpu_s"] / r["rounds"]
-                                                     for r in rs])})
+                     "round_s": per_round(lambda r: r["seconds"]),
+                     "worker_cpu_s": per_round(lambda r: r["comm_cpu_s"]),
+                     "server_cpu_s": per_round(lambda r: r["servers"][0]["cpu_s"])})
     return {"jobs": rows, **fit_runtime(rows, optimizer_fit)}
-
-
-def _outer_trimmed(values) -> float:
-    """The mean of ``values`` without their highest and lowest (all of them if fewer than
-    four)."""
-    v = sorted(values)
-    return statistics.fmean(v[1:-1] if len(v) >= 4 else v)
 
 
 def fit_runtime(rows: list[dict], optimizer_fit: dict) -> dict:
@@ -381,7 +375,7 @@ def measure_allreduce(workers: int = 2, jobs: int = 5) -> dict | None:
         return None
     from .jobs import run_allreduce_job
     runs = [run_allreduce_job(workers) for _ in range(jobs)]
-    seconds = {k: _outer_trimmed([run[k] for run in runs]) for k in runs[0]}
+    seconds = {k: trimmed_mean([run[k] for run in runs], drop=1) for k in runs[0]}
     sizes = sorted(seconds)
     nbytes = np.array([BYTES_PER_PARAM * k for k in sizes], dtype=float)
     steps = 2 * (workers - 1)

@@ -6,9 +6,10 @@ import time
 import numpy as np
 import pytest
 
-from kvstore_ext.plan.calibrate import _outer_trimmed, fit
+from kvstore_ext.plan.calibrate import fit
 from kvstore_ext.plan.model import Costs, ModelProfile, busiest, iteration_time, predict
 from kvstore_ext.plan.search import Space, evaluate, knees, rank
+from kvstore_ext.plan.timing import trimmed_mean
 from kvstore_ext.plan.validate import kendall_tau, knee_of
 from kvstore_ext.ps.partition import Partitioner
 from kvstore_ext.simulate import simulate
@@ -296,9 +297,9 @@ def test_a_search_of_100_000_configurations_takes_under_5_seconds():
 def test_jobs_in_two_modes_are_summarised_by_a_trimmed_mean_not_a_median():
     """Runtime jobs fall in one of two modes; the median of 7 jumps to whichever mode holds
     4 of them, the trimmed mean moves by the share in each (and drops one stray each side)."""
-    assert _outer_trimmed([1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 50.0]) == pytest.approx(1.6)
-    assert _outer_trimmed([0.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0]) == pytest.approx(1.8)
-    assert _outer_trimmed([3.0, 1.0, 2.0]) == pytest.approx(2.0)   # too few to trim
+    assert trimmed_mean([1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 50.0], drop=1) == pytest.approx(1.6)
+    assert trimmed_mean([0.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0], drop=1) == pytest.approx(1.8)
+    assert trimmed_mean([3.0, 1.0, 2.0], drop=1) == pytest.approx(2.0)
 
 
 def test_fit_recovers_exact_coefficients():

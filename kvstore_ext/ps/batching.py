@@ -108,6 +108,10 @@ class WriteBack:
 
     A failure (no values, or a value that does not fit) goes to ``fail`` once and ends the
     operations without writing, as a partial pull leaves a block it did not bring.
+
+    From a key's second round on, the store's :class:`~kvstore_ext.ps.store.ReplySlots`
+    push one operation per round that writes every key's slot through this, and the calls
+    copy their slots with MXNet's own operations instead.
     """
 
     def __init__(self, fetch, fail):
@@ -171,6 +175,7 @@ class Batch:
         self.tickets = None
         self.error: Exception | None = None
         self.write_back = None       # what writes the replies of the batch's calls
+        self.slots = None            # the keys whose reply slots the batch writes, once decided
 
     def add(self, plan, key) -> None:
         for server, (items, bufs, where) in plan.items():

@@ -9,8 +9,9 @@ MXNet's own stores, whatever reads them waits for them and nothing else does.
 
 A round costs MXNet little: each gradient is copied once, by MXNet, straight
 into the message (``Staging``); arrays already checked are not asked about
-again (``CheckedArrays``); and the weights of all the calls of a round are
-written in one pass when its replies come (``WriteBack``).
+again (``CheckedArrays``); the replies of all the calls of a round are
+written in one pass when they come (``WriteBack``), into the store's own copy of
+each key (``ReplySlots``), which MXNet copies into each call's weights.
 """
 from __future__ import annotations
 
@@ -67,6 +68,10 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
     """Worker side shared by the parameter-server stores (``dist_bsp``, ``dist_ssp``, ...)."""
 
     store_type = ""
+    #: per-key calls take their replies from :class:`ReplySlots` (one engine operation per
+    #: round that runs Python); off where a reply may bring only some of a key's blocks and
+    #: late ones are written into the weights afterwards (``dist_psp``)
+    reply_slots = True
 
     def __init__(self, **params):
         self._config = registry.job_config(self.store_type, params)
@@ -82,6 +87,7 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         self.pool_assignment: dict | None = None
         coalesce = os.environ.get("KVX_COALESCE", "1") != "0"
         self._coalescer = Coalescer(self._conn.send, self._batch_write_back) if coalesce else None
+        self._slots = ReplySlots() if self.reply_slots and coalesce else None
 
     @functools.cached_property
     def _staging(self) -> Staging:
@@ -221,13 +227,22 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         self._metrics.begin_call()
         if op != Op.PULL:
             self._metrics.count_pushes(k for k, _ in pairs)
-        if in_engine:
+        coalesced = (in_engine and op == Op.PUSHPULL and len(pairs) == 1
+                     and self._coalescer is not None)
+        batch, copied = None, False
+        if coalesced and self._slots is not None:
+            key = _check_key(pairs[0][0])
+            batch = self._coalescer.add(op, key, plan)
+            copied = self._slots.copy_out(batch, key, [o for _, o in targets], self._meta[key])
+        if in_engine and not copied:
             places = {h: engine.Destination(o, kinds[h].shape, kinds[h].dtype)
                       for h, o in distinct.items()}
             targets = [(k, places[o.handle.value]) for k, o in targets]
             self._writing_to(targets)
-        if in_engine and op == Op.PUSHPULL and len(pairs) == 1 and self._coalescer is not None:
-            write_back = self._coalescer.add(op, _check_key(pairs[0][0]), plan).write_back
+        if coalesced:
+            if batch is None:
+                batch = self._coalescer.add(op, _check_key(pairs[0][0]), plan)
+            write_back = batch.write_back
         else:
             self._flush()
             tickets = self._conn.send({s: ({"op": op, "items": its}, bufs)
@@ -235,10 +250,12 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
             fetch = functools.partial(self._call_values, op, plan, tickets)
             write_back = self._write_back(fetch) if in_engine else None
         try:
-            if in_engine:   # the weights are written when the replies come; readers wait
+            if copied:        # MXNet copies the key's slot into them once the round is in
+                pass
+            elif in_engine:   # the weights are written when the replies come; readers wait
                 engine.push_async(functools.partial(write_back.start, targets),
                                   list(distinct.values()))
-            else:           # arrays MXNet's engine cannot hand us (GPU): copied in now
+            else:             # arrays MXNet's engine cannot hand us (GPU): copied in now
                 self._copy_in(targets, fetch())
         finally:
             self._metrics.end_call()
@@ -565,6 +582,60 @@ def store_class(row) -> type:
     return cls
 
 
+class ReplySlots:
+    """The store's own copy of each key, which a round's replies are written into.
+
+    Stock ``gluon.Trainer`` makes one ``pushpull`` per key.  Each call must mark its
+    weights in MXNet's engine as written before it returns; an operation whose body is
+    Python costs a hand-off per call (the engine thread that starts it takes the GIL from
+    the caller).  Here one such operation per round (pushed by the round's first call)
+    writes the replies of every key into the key's slot, and each call copies its slot into
+    its weights with MXNet's own copy: an operation that needs no Python.  The engine
+    orders every copy after the round's write of its slot, and each slot's next write after
+    its copies have read it.
+
+    A key is served from its slot from the round after its first call (the first round's
+    operation has already been pushed without it); a call whose arrays are not of the key's
+    shape and dtype is written as before, by an operation of its own.  A slot starts as a
+    copy of the key's weights, and a round that fails leaves it as it was, so a failed
+    round copies back the values the weights had after the last round (and the next call
+    raises the error).
+    """
+
+    def __init__(self):
+        self._slots: dict = {}       # key -> (NDArray, engine.Destination)
+        self._refused: set = set()   # keys whose calls' arrays do not fit a slot
+
+    def copy_out(self, batch, key, arrays, meta) -> bool:
+        """After ``key`` joined ``batch``: push the batch's slot-writing operation if this
+        is its first call, then MXNet's copies of the key's slot into ``arrays`` (the call's
+        outputs, in writing order).  False if this call must write its arrays itself."""
+        if batch.slots is None:
+            batch.slots = frozenset(self._slots)
+            if self._slots:
+                engine.push_async(functools.partial(
+                    batch.write_back.start, [(k, d) for k, (_, d) in self._slots.items()]),
+                    [a for a, _ in self._slots.values()], b"kvx_round")
+        if key in batch.slots:
+            slot = self._slots[key][0]
+            for array in arrays:
+                slot.copyto(array)
+            return True
+        if key not in self._slots and key not in self._refused:
+            self._make(key, arrays, meta)
+        return False
+
+    def _make(self, key, arrays, meta) -> None:
+        shape, dtype = meta
+        if not arrays or any(tuple(a.shape) != shape or np.dtype(a.dtype) != dtype
+                             for a in arrays):
+            self._refused.add(key)
+            return
+        slot = mx.nd.empty(shape, dtype=dtype)
+        arrays[0].copyto(slot)       # before this call's operation writes the weights
+        self._slots[key] = (slot, engine.Destination(slot, shape, dtype))
+
+
 class DistPSP(ParameterServerStore):
     """Partial push and partial pull (PSP-SGD): see :mod:`kvstore_ext.policies.psp`.
 
@@ -588,6 +659,7 @@ class DistPSP(ParameterServerStore):
     """
 
     store_type = "dist_psp"
+    reply_slots = False     # a pull may go on without some blocks; late ones are written later
     asynchronous = False    # every push round is summed: update_on_kvstore=False works
 
     def __init__(self, **params):

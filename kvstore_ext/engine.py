@@ -203,6 +203,38 @@ def host_view(array, shape=None, dtype=None) -> np.ndarray:
     return np.frombuffer(memory, dtype=dtype).reshape(shape)
 
 
+_COPYTO = None
+
+
+class Copy:
+    """MXNet's own copy operation (``_copyto``, what ``NDArray.copyto`` pushes) of ``src``
+    into each of ``dests``, its C arguments built once: pushing it again is one C call per
+    destination, without the operator wrapper's Python.  It holds the arrays it names."""
+
+    __slots__ = ("arrays", "_args")
+
+    def __init__(self, src, dests):
+        global _COPYTO
+        if _COPYTO is None:
+            handle = ctypes.c_void_p()
+            check_call(_LIB.NNGetOpHandle(ctypes.c_char_p(b"_copyto"), ctypes.byref(handle)))
+            _COPYTO = handle
+        self.arrays = (src, *dests)
+        inputs = _handles([src])
+        self._args = []
+        for d in dests:
+            outputs = _handles([d])
+            self._args.append((inputs, ctypes.c_int(1),
+                               ctypes.cast(outputs, ctypes.POINTER(ctypes.c_void_p)), outputs))
+
+    def __call__(self) -> None:
+        no_stypes = ctypes.POINTER(ctypes.c_int)()
+        for inputs, count, outputs, _ in self._args:
+            check_call(_LIB.MXImperativeInvokeEx(_COPYTO, 1, inputs, ctypes.byref(count),
+                                                 ctypes.byref(outputs), 0, None, None,
+                                                 ctypes.byref(no_stypes)))
+
+
 def copy_to_host(array, dest: np.ndarray) -> None:
     """MXNet copies ``array`` into ``dest`` (C-contiguous, as many elements, the same dtype),
     on this thread, once whatever computes ``array`` is done.

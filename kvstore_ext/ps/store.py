@@ -605,6 +605,7 @@ class ReplySlots:
     def __init__(self):
         self._slots: dict = {}       # key -> (NDArray, engine.Destination)
         self._refused: set = set()   # keys whose calls' arrays do not fit a slot
+        self._copies: dict = {}      # key -> engine.Copy of its slot into its last call's arrays
 
     def copy_out(self, batch, key, arrays, meta) -> bool:
         """After ``key`` joined ``batch``: push the batch's slot-writing operation if this
@@ -617,9 +618,11 @@ class ReplySlots:
                     batch.write_back.start, [(k, d) for k, (_, d) in self._slots.items()]),
                     [a for a, _ in self._slots.values()], b"kvx_round")
         if key in batch.slots:
-            slot = self._slots[key][0]
-            for array in arrays:
-                slot.copyto(array)
+            copy = self._copies.get(key)
+            if copy is None or len(copy.arrays) != len(arrays) + 1 or any(
+                    a is not b for a, b in zip(arrays, copy.arrays[1:])):
+                copy = self._copies[key] = engine.Copy(self._slots[key][0], arrays)
+            copy()
             return True
         if key not in self._slots and key not in self._refused:
             self._make(key, arrays, meta)

@@ -126,3 +126,16 @@ def test_a_round_without_a_key_leaves_its_slot_and_weights_alone():
     call(slots, late, 1, w[1])
     late.release.set()
     assert w[0].asnumpy()[0, 0] == 8 and w[1].asnumpy()[0, 0] == 9
+
+
+def test_a_new_weight_array_for_a_key_gets_the_copy_and_the_old_one_is_left():
+    """A parameter initialised anew brings new arrays: the copy follows the call's arrays."""
+    slots, w = warmed({0: 1})
+    old, new = w[0], mx.nd.array(full(0))
+    r = Round({0: full(2)})
+    assert call(slots, r, 0, old)
+    r.release.set()
+    r = Round({0: full(3)})
+    assert call(slots, r, 0, new)
+    r.release.set()
+    assert old.asnumpy()[0, 0] == 2 and new.asnumpy()[0, 0] == 3

@@ -597,9 +597,9 @@ class ReplySlots:
     A key is served from its slot from the round after its first call (the first round's
     operation has already been pushed without it); a call whose arrays are not of the key's
     shape and dtype is written as before, by an operation of its own.  A slot starts as a
-    copy of the key's weights, and a round that fails leaves it as it was, so a failed
-    round copies back the values the weights had after the last round (and the next call
-    raises the error).
+    copy of the key's arrays, and a round that fails leaves it as it was, so a failed
+    round copies back what the last round wrote into them (the weights' own values, with
+    ``gluon.Trainer``; the next call raises the error).
     """
 
     def __init__(self):

@@ -621,6 +621,8 @@ class ReplySlots:
             copy = self._copies.get(key)
             if copy is None or len(copy.arrays) != len(arrays) + 1 or any(
                     a is not b for a, b in zip(arrays, copy.arrays[1:])):
+                if not _fits(arrays, meta):     # written by an operation of its own
+                    return False
                 copy = self._copies[key] = engine.Copy(self._slots[key][0], arrays)
             copy()
             return True
@@ -629,14 +631,20 @@ class ReplySlots:
         return False
 
     def _make(self, key, arrays, meta) -> None:
-        shape, dtype = meta
-        if not arrays or any(tuple(a.shape) != shape or np.dtype(a.dtype) != dtype
-                             for a in arrays):
+        if not _fits(arrays, meta):
             self._refused.add(key)
             return
+        shape, dtype = meta
         slot = mx.nd.empty(shape, dtype=dtype)
         arrays[0].copyto(slot)       # before this call's operation writes the weights
         self._slots[key] = (slot, engine.Destination(slot, shape, dtype))
+
+
+def _fits(arrays, meta) -> bool:
+    """Whether the arrays are all of the key's ``(shape, dtype)``: what a slot can be copied to."""
+    shape, dtype = meta
+    return bool(arrays) and all(tuple(a.shape) == shape and np.dtype(a.dtype) == dtype
+                                for a in arrays)
 
 
 class DistPSP(ParameterServerStore):

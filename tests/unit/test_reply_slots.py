@@ -139,3 +139,14 @@ def test_a_new_weight_array_for_a_key_gets_the_copy_and_the_old_one_is_left():
     assert call(slots, r, 0, new)
     r.release.set()
     assert old.asnumpy()[0, 0] == 2 and new.asnumpy()[0, 0] == 3
+
+
+def test_an_array_of_another_dtype_after_the_slot_is_made_is_written_by_its_own_operation():
+    slots, w = warmed({0: 1})
+    other = mx.nd.zeros(SHAPE, dtype="float64")
+    r = Round({0: full(4)})
+    assert not slots.copy_out(r.batch, 0, [other], META)
+    targets = [(0, engine.Destination(other))]
+    engine.push_async(lambda done: r.batch.write_back.start(targets, done), [other])
+    r.release.set()
+    assert other.asnumpy()[0, 0] == 4 and w[0].asnumpy()[0, 0] == 1

@@ -229,9 +229,9 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
             self._metrics.count_pushes(k for k, _ in pairs)
         coalesced = (in_engine and op == Op.PUSHPULL and len(pairs) == 1
                      and self._coalescer is not None)
+        key = _check_key(pairs[0][0]) if coalesced else None
         batch, copied = None, False
         if coalesced and self._slots is not None:
-            key = _check_key(pairs[0][0])
             batch = self._coalescer.add(op, key, plan)
             copied = self._slots.copy_out(batch, key, [o for _, o in targets], self._meta[key])
         if in_engine and not copied:
@@ -241,7 +241,7 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
             self._writing_to(targets)
         if coalesced:
             if batch is None:
-                batch = self._coalescer.add(op, _check_key(pairs[0][0]), plan)
+                batch = self._coalescer.add(op, key, plan)
             write_back = batch.write_back
         else:
             self._flush()
@@ -603,7 +603,7 @@ class ReplySlots:
     """
 
     def __init__(self):
-        self._slots: dict = {}       # key -> (NDArray, engine.Destination)
+        self._slots: dict = {}       # key -> engine.Destination of its slot (an NDArray)
         self._refused: set = set()   # keys whose calls' arrays do not fit a slot
         self._copies: dict = {}      # key -> engine.Copy of its slot into its last call's arrays
 
@@ -614,16 +614,16 @@ class ReplySlots:
         if batch.slots is None:
             batch.slots = frozenset(self._slots)
             if self._slots:
-                engine.push_async(functools.partial(
-                    batch.write_back.start, [(k, d) for k, (_, d) in self._slots.items()]),
-                    [a for a, _ in self._slots.values()], b"kvx_round")
+                engine.push_async(functools.partial(batch.write_back.start,
+                                                    list(self._slots.items())),
+                                  [d.array for d in self._slots.values()], b"kvx_round")
         if key in batch.slots:
             copy = self._copies.get(key)
             if copy is None or len(copy.arrays) != len(arrays) + 1 or any(
                     a is not b for a, b in zip(arrays, copy.arrays[1:])):
                 if not _fits(arrays, meta):     # written by an operation of its own
                     return False
-                copy = self._copies[key] = engine.Copy(self._slots[key][0], arrays)
+                copy = self._copies[key] = engine.Copy(self._slots[key].array, arrays)
             copy()
             return True
         if key not in self._slots and key not in self._refused:
@@ -637,7 +637,7 @@ class ReplySlots:
         shape, dtype = meta
         slot = mx.nd.empty(shape, dtype=dtype)
         arrays[0].copyto(slot)       # before this call's operation writes the weights
-        self._slots[key] = (slot, engine.Destination(slot, shape, dtype))
+        self._slots[key] = engine.Destination(slot, shape, dtype)
 
 
 def _fits(arrays, meta) -> bool:

@@ -106,12 +106,14 @@ class Round:
 
     def __init__(self, values=None, error=None):
         self.release = threading.Event()
+        self.fetching = threading.Event()       # an operation is waiting for the values
         self.fetches, self.failures, self.log, self.ended = 0, [], [], []
         self.values, self.error = values or {}, error
         self.write_back = WriteBack(self.fetch, self.failures.append)
 
     def fetch(self):
         self.fetches += 1
+        self.fetching.set()
         assert self.release.wait(5)
         if self.error is not None:
             raise self.error
@@ -127,6 +129,7 @@ def test_the_first_operation_waits_and_writes_every_call_started_meanwhile():
     r = Round({"k1": [(0, 1, "v1")], "k2": [(0, 1, "v2")], "k3": [(0, 1, "v3")]})
     waiter = threading.Thread(target=r.start, args=("a1", "k1"))
     waiter.start()
+    assert r.fetching.wait(5)                 # the waiter is the first operation
     r.start("a2", "k2")                        # returns at once: no thread held
     assert r.log == [] and r.ended == []
     r.release.set()
@@ -149,6 +152,7 @@ def test_a_failed_round_ends_every_operation_unwritten_and_reports_once():
     r = Round(error=ConnectionError("server gone"))
     waiter = threading.Thread(target=r.start, args=("a1", "k1"))
     waiter.start()
+    assert r.fetching.wait(5)                 # the waiter is the first operation
     r.start("a2", "k2")
     r.release.set()
     waiter.join(5)

@@ -300,6 +300,7 @@ def test_jobs_in_two_modes_are_summarised_by_a_trimmed_mean_not_a_median():
     assert trimmed_mean([1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 50.0], drop=1) == pytest.approx(1.6)
     assert trimmed_mean([0.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0], drop=1) == pytest.approx(1.8)
     assert trimmed_mean([3.0, 1.0, 2.0], drop=1) == pytest.approx(2.0)
+    assert trimmed_mean([1.0, 4.0], drop=1) == pytest.approx(2.5)   # too few to trim: all
 
 
 def test_fit_recovers_exact_coefficients():

@@ -4,15 +4,19 @@ Every coefficient comes from a least-squares fit over measurements that vary wha
 multiplies, and every fit reports its R^2:
 
 - **compute**: each layer's forward + backward time against the batch size, for each model
-  (a real Gluon or GluonCV network), and the whole network's; FLOP/s achieved, from the
-  model's multiply-accumulates, as a cross-check (it is not one constant across models);
+  (a real Gluon or GluonCV network), and the whole network's, each batch size in a process of
+  its own; FLOP/s achieved, from the model's multiply-accumulates, as a cross-check (it is not
+  one constant across models);
 - **interference** (the paper's C_interf): the slow-down of one process's compute when k
   processes compute at once on this host;
+- both again in the environment Horovod workers compute in (MKL-DNN off, one thread:
+  :func:`.dcs3gd_jobs.worker_env`), for the Horovod stores;
 - **wire**: latency and bandwidth of a ZeroMQ round trip over TCP on 127.0.0.1, by size;
 - **optimizer**: MXNet's momentum SGD updater, as the servers run it, per key and per element;
 - **runtime**: real one-worker, one-server ``dist_bsp`` jobs over shape sets that vary keys and
   bytes apart: the worker's CPU per round and the server's CPU per push (minus the optimizer),
-  each fitted to per message + per key + per byte.
+  each fitted to per message + per key + per byte;
+- **allreduce**: Gloo's ring in real 2-worker Horovod jobs, its wall time and its CPU.
 
 The JSON it writes is what ``predict``, ``search`` and ``validate`` read.
 """
@@ -28,6 +32,7 @@ import time
 
 import numpy as np
 
+from .dcs3gd_jobs import worker_env as horovod_worker_env
 from .model import BYTES_PER_PARAM
 from .timing import timed, trimmed_mean
 
@@ -59,73 +64,50 @@ def fit(columns: dict, y, nonnegative: bool = False, relative: bool = False) -> 
     return {**{k: float(c) for k, c in zip(names, coef)}, "r2": r2, "points": len(y)}
 
 
-def layers_of(net) -> list:
-    """The layers a network runs in order: a GluonCV CIFAR network's ``features`` then
-    ``output``, a Sequential's children, else the network whole."""
-    if hasattr(net, "features") and hasattr(net, "output"):
-        return list(net.features._children.values()) + [net.output]
-    children = list(getattr(net, "_children", {}).values())
-    return children or [net]
-
-
 def measure_compute(model: str, batch_sizes=(8, 16, 32, 64, 128), passes: int = 3,
-                    reps: int = 3) -> dict:
-    """Per-layer and whole-network forward + backward seconds against the batch size."""
-    import mxnet as mx
-    from mxnet import autograd, gluon
-    from .jobs import build
+                    reps: int = 2, env: dict | None = None) -> dict:
+    """Per-layer and whole-network forward + backward seconds against the batch size.
+
+    Each batch size is timed in a process of its own, as a training job runs one (a process
+    that has run other batch sizes first ran LeNet's 128 at 27-29 ms, one that ran only 128 at
+    22-24 ms: a 5-point line through the first kind bent to R^2 0.95).  ``passes`` processes
+    per batch size, the sizes taken in turn so that drift spreads over all of them, each
+    process's ``reps`` interleaved passes summarised by their trimmed mean, and the processes'
+    by their median.  ``env``: the processes' environment (this one's if None)."""
+    from .jobs import run_layer_times
     from ..devices import MODELS as MACS
-    net, x1 = build(model)
-    net.initialize(mx.init.Xavier())
-    net(x1)
-    layers = layers_of(net)
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    steps, activations = {}, 0.0
-    for b in batch_sizes:
-        x = mx.nd.random.uniform(shape=(b,) + x1.shape[1:])
-        y = mx.nd.array(np.random.randint(0, 10, b))
-
-        def step(x=x, y=y):
-            with autograd.record():
-                loss = loss_fn(net(x), y)
-            loss.backward()
-            mx.nd.waitall()
-        steps[("whole", b)] = step
-        h = x
-        for i, layer in enumerate(layers):
-            inp = h.copy()
-            inp.attach_grad()
-
-            def one(layer=layer, inp=inp):
-                with autograd.record():
-                    out = layer(inp)
-                out.backward(mx.nd.ones_like(out))
-                mx.nd.waitall()
-            steps[(i, b)] = one
-            h = layer(h)
-            if b == batch_sizes[0]:
-                activations += h.size / b
-    seconds = timed(steps, passes, reps)
-    whole = [seconds[("whole", b)] for b in batch_sizes]
-    per_layer = {i: [seconds[(i, b)] for b in batch_sizes] for i in range(len(layers))}
+    runs = {b: [] for b in batch_sizes}
+    for _ in range(passes):
+        for b in batch_sizes:
+            runs[b].append(run_layer_times(model, b, reps, env))
+    def middle(values):
+        return trimmed_mean(values, drop=1)
+    whole = [middle([r["whole"] for r in runs[b]]) for b in batch_sizes]
+    names = runs[batch_sizes[0]][0]["names"]
+    per_layer = [[middle([r["layers"][i] for r in runs[b]]) for b in batch_sizes]
+                 for i in range(len(names))]
     bs = np.asarray(batch_sizes, dtype=float)
     # a free intercept: a small negative one is what a straight line through these points
     # has, and forcing it to zero would tilt the slope (ModelProfile.host_time floors at 0)
     total = fit({"fixed": np.ones_like(bs), "per_sample": bs}, whole)
+    layer_sum = np.sum(per_layer, axis=0)
     out_layers = []
-    layer_sum = np.sum([per_layer[i] for i in per_layer], axis=0)
-    for i, layer in enumerate(layers):
-        f = fit({"fixed": np.ones_like(bs), "per_sample": bs}, per_layer[i])
-        share = float(np.mean(np.asarray(per_layer[i]) / layer_sum))
-        out_layers.append({"layer": f"{i}:{type(layer).__name__}", "share": share, **f})
+    for name, seconds in zip(names, per_layer):
+        f = fit({"fixed": np.ones_like(bs), "per_sample": bs}, seconds)
+        share = float(np.mean(np.asarray(seconds) / layer_sum))
+        out_layers.append({"layer": name, "share": share, "seconds": seconds, **f})
     macs = MACS.get(model, (None,))[0]
-    flops = None
-    if macs:
-        flops = [6 * macs * b / t for b, t in zip(batch_sizes, whole)]
+    flops = [6 * macs * b / t for b, t in zip(batch_sizes, whole)] if macs else None
     return {"model": model, "batch_sizes": list(batch_sizes), "seconds": whole,
             "fit": total, "layers": out_layers, "layer_sum_seconds": layer_sum.tolist(),
             "macs_per_sample": macs, "achieved_flops": flops,
-            "activation_elements_per_sample": activations}
+            "activation_elements_per_sample":
+                runs[batch_sizes[0]][0]["activation_elements_per_sample"],
+            "environment": {k: v for k, v in (env or {}).items() if k in ENV_SHOWN}}
+
+
+#: the variables that set how MXNet computes on a CPU, kept beside a compute measurement
+ENV_SHOWN = ("OMP_NUM_THREADS", "MXNET_MKLDNN_ENABLED", "MXNET_ENGINE_TYPE")
 
 
 _PROBE = r"""
@@ -156,14 +138,15 @@ for line in sys.stdin:
 
 
 def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4, 8),
-                         seconds: float = 2.0, rounds: int = 5) -> dict:
+                         seconds: float = 2.0, rounds: int = 5, env: dict | None = None) -> dict:
     """The slow-down of one process's compute when k processes compute at once: k probe
     processes are started once, then, ``rounds`` times, the first computes alone and all k
     together; the factor is the median of each round's together / alone, so drift between
-    rounds cancels."""
+    rounds cancels.  ``env``: the probes' environment (by default this one's: the threads a
+    parameter-server job's workers get, launch.py leaves them as they are)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = _PROBE.format(root=root, model=model, batch=batch, seconds=seconds)
-    env = dict(os.environ)    # the threads a job's workers get (launch.py leaves them as they are)
+    env = dict(os.environ) if env is None else env
 
     def run(procs) -> list[float]:
         for p in procs:          # all start together
@@ -191,7 +174,7 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
         together[k] = statistics.median(t for _, t in pairs)
         factor[k] = statistics.median(t / a for a, t in pairs)
     return {"model": model, "batch": batch, "seconds": together, "alone_seconds": alone,
-            "factor": factor}
+            "factor": factor, "environment": {k: v for k, v in env.items() if k in ENV_SHOWN}}
 
 
 _ECHO = r"""
@@ -368,22 +351,25 @@ def measure_allreduce(workers: int = 2, jobs: int = 5) -> dict | None:
     residuals (the small sizes then decide the latency, the large ones the bandwidth); each
     size's mean over ``jobs`` jobs without the highest and lowest (where a job's workers fall
     in Horovod's background cycle is set when it starts: one job's small allreduces took 1.9
-    ms, the next one's 1.2); None without Horovod."""
+    ms, the next one's 1.2).  The CPU a worker's process spends per allreduce is fitted the
+    same way (``cpu_fit``).  None without Horovod."""
     try:
         import horovod.mxnet  # noqa: F401
     except ImportError:
         return None
     from .jobs import run_allreduce_job
     runs = [run_allreduce_job(workers) for _ in range(jobs)]
-    seconds = {k: trimmed_mean([run[k] for run in runs], drop=1) for k in runs[0]}
-    sizes = sorted(seconds)
+    sizes = sorted(runs[0]["seconds"])
     nbytes = np.array([BYTES_PER_PARAM * k for k in sizes], dtype=float)
     steps = 2 * (workers - 1)
-    f = fit({"latency": np.full(len(sizes), float(steps)),
-             "per_byte": nbytes * steps / workers}, [seconds[k] for k in sizes], nonnegative=True,
-            relative=True)
-    return {"workers": workers, "bytes": nbytes.tolist(), "seconds": [seconds[k] for k in sizes],
-            "fit": f, "latency": f["latency"], "bandwidth": 1.0 / max(f["per_byte"], 1e-12)}
+    columns = {"latency": np.full(len(sizes), float(steps)), "per_byte": nbytes * steps / workers}
+    seconds, cpu = ([trimmed_mean([run[kind][k] for run in runs], drop=1) for k in sizes]
+                    for kind in ("seconds", "cpu_s"))
+    f = fit(columns, seconds, nonnegative=True, relative=True)
+    c = fit(columns, cpu, nonnegative=True, relative=True)
+    return {"workers": workers, "bytes": nbytes.tolist(), "seconds": seconds, "cpu_s": cpu,
+            "fit": f, "latency": f["latency"], "bandwidth": 1.0 / max(f["per_byte"], 1e-12),
+            "cpu_fit": c}
 
 
 def calibrate(models=("lenet", "cifar_resnet20_v1"), interference_counts=(1, 2, 4, 8),
@@ -396,8 +382,14 @@ def calibrate(models=("lenet", "cifar_resnet20_v1"), interference_counts=(1, 2, 
     say("compute")
     out["compute"] = {m: measure_compute(m, **quick_args.get("compute", {})) for m in models}
     say("interference")
-    out["interference"] = measure_interference(**{"counts": interference_counts,
-                                                  **quick_args.get("interference", {})})
+    interference = {"counts": interference_counts, **quick_args.get("interference", {})}
+    out["interference"] = measure_interference(**interference)
+    # the Horovod stores' workers compute in another environment (MXNet's own kernels)
+    say("compute of Horovod workers")
+    env = dict(horovod_worker_env(), MXNET_STORAGE_FALLBACK_LOG_VERBOSE="0")   # its notices
+    out["compute_horovod"] = {m: measure_compute(m, env=env, **quick_args.get("compute", {}))
+                              for m in models}
+    out["interference_horovod"] = measure_interference(env=env, **interference)
     say("wire")
     out["wire"] = measure_wire(**quick_args.get("wire", {}))
     say("optimizer")
@@ -430,37 +422,54 @@ def with_coefficients(out: dict) -> dict:
         "latency": out["wire"]["latency"], "bandwidth": out["wire"]["bandwidth"],
         "interference": {str(k): v for k, v in out["interference"]["factor"].items()},
         "cores": out["machine"].get("cores") or os.cpu_count() or 1}
+    if out.get("interference_horovod"):
+        out["coefficients"]["horovod_interference"] = {
+            str(k): v for k, v in out["interference_horovod"]["factor"].items()}
     if out.get("allreduce"):
         out["coefficients"]["allreduce_latency"] = out["allreduce"]["latency"]
         out["coefficients"]["allreduce_bandwidth"] = out["allreduce"]["bandwidth"]
-    out["profiles"] = {m: profile_entry(m, c) for m, c in out["compute"].items()}
+        if "cpu_fit" in out["allreduce"]:
+            out["coefficients"]["allreduce_cpu_latency"] = out["allreduce"]["cpu_fit"]["latency"]
+            out["coefficients"]["allreduce_cpu_byte"] = out["allreduce"]["cpu_fit"]["per_byte"]
+    out["profiles"] = {m: profile_entry(m, c, out.get("compute_horovod", {}).get(m))
+                       for m, c in out["compute"].items()}
     out["fits"] = fit_table(out)
     return out
 
 
-def profile_entry(model: str, compute: dict) -> dict:
+def profile_entry(model: str, compute: dict, horovod: dict | None = None) -> dict:
+    """What :class:`.model.ModelProfile` reads of a model: its arrays, its compute line and,
+    if measured, its compute line in the Horovod workers' environment."""
     from .jobs import model_shapes
     sizes = [int(np.prod(s)) for s in model_shapes(model)]
-    return {"key_sizes": sizes, "compute_fixed": compute["fit"]["fixed"],
-            "compute_per_sample": compute["fit"]["per_sample"],
-            "activation_elements_per_sample": compute["activation_elements_per_sample"]}
+    entry = {"key_sizes": sizes, "compute_fixed": compute["fit"]["fixed"],
+             "compute_per_sample": compute["fit"]["per_sample"],
+             "activation_elements_per_sample": compute["activation_elements_per_sample"]}
+    if horovod:
+        entry.update(horovod_compute_fixed=horovod["fit"]["fixed"],
+                     horovod_compute_per_sample=horovod["fit"]["per_sample"])
+    return entry
 
 
 def fit_table(out: dict) -> list[dict]:
     """Every fit by name with its R^2 (layers under 5% of their model's time are marked minor:
     their fits are reported, not relied on)."""
     rows = []
-    for m, c in out["compute"].items():
-        rows.append({"fit": f"compute {m}", "r2": c["fit"]["r2"], "minor": False})
-        for layer in c["layers"]:
-            rows.append({"fit": f"compute {m} layer {layer['layer']}", "r2": layer["r2"],
-                         "minor": layer["share"] < 0.05})
+    for key, suffix in (("compute", ""), ("compute_horovod", " (Horovod workers)")):
+        for m, c in out.get(key, {}).items():
+            rows.append({"fit": f"compute {m}{suffix}", "r2": c["fit"]["r2"], "minor": False})
+            for layer in c["layers"]:
+                rows.append({"fit": f"compute {m}{suffix} layer {layer['layer']}",
+                             "r2": layer["r2"], "minor": layer["share"] < 0.05})
     rows.append({"fit": "wire", "r2": out["wire"]["fit"]["r2"], "minor": False})
     rows.append({"fit": "optimizer", "r2": out["optimizer"]["fit"]["r2"], "minor": False})
     rows.append({"fit": "worker runtime", "r2": out["runtime"]["worker_fit"]["r2"], "minor": False})
     rows.append({"fit": "server runtime", "r2": out["runtime"]["server_fit"]["r2"], "minor": False})
     if out.get("allreduce"):
         rows.append({"fit": "allreduce", "r2": out["allreduce"]["fit"]["r2"], "minor": False})
+        if "cpu_fit" in out["allreduce"]:
+            rows.append({"fit": "allreduce CPU", "r2": out["allreduce"]["cpu_fit"]["r2"],
+                         "minor": False})
     return rows
 
 
@@ -474,10 +483,17 @@ def repeatability(a: dict, b: dict) -> list[dict]:
     relative difference, ``|a - b| / max(|a|, |b|)``."""
     def flat(data):
         c = data["coefficients"]
-        out = {k: float(v) for k, v in c.items() if k not in ("interference", "cores")}
-        out.update({f"interference@{k}": float(v) for k, v in c["interference"].items()})
+        out = {}
+        for k, v in c.items():
+            if isinstance(v, dict):         # interference factors by process count
+                out.update({f"{k}@{n}": float(f) for n, f in v.items()})
+            elif k != "cores":
+                out[k] = float(v)
         for model, prof in data.get("profiles", {}).items():
             out[f"{model} compute/sample"] = float(prof["compute_per_sample"])
+            if "horovod_compute_per_sample" in prof:
+                out[f"{model} compute/sample (Horovod workers)"] = \
+                    float(prof["horovod_compute_per_sample"])
         return out
     fa, fb = flat(a), flat(b)
     rows = []

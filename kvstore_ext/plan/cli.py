@@ -60,12 +60,14 @@ def cmd_calibrate(args) -> int:
     from tqdm import tqdm
     from .calibrate import calibrate
     models = tuple(m for m in args.models.split(",") if m)
-    bar = tqdm(total=5, desc="calibrate", disable=None)
+    bar = tqdm(total=6 if args.quick else 7, desc="calibrate", disable=None)
+    begun = []
 
-    def step(name):
-        bar.set_postfix_str(name)
-        if name != "compute":
+    def step(name):         # called as each measurement begins
+        if begun:
             bar.update(1)
+        begun.append(name)
+        bar.set_postfix_str(name)
     data = calibrate(models, tuple(int(k) for k in args.interference.split(",")), step,
                      quick=args.quick)
     bar.update(1)

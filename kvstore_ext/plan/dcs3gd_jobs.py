@@ -21,6 +21,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 
+from ..horovod.params import MKLDNN_ENV
 from .validate import DCS3GD_REGIMES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,6 +60,17 @@ class Setting:
         return self.trials * len(STORES) * len(DCS3GD_REGIMES)
 
 
+def worker_env(environ=None) -> dict:
+    """The environment these jobs' workers compute in: one OpenMP thread each unless set (two
+    workers share two cores), MKL-DNN off unless set, as ``launch.py --launcher horovod``
+    starts Horovod workers (its layouts break the allreduce).  MXNet's own CPU kernels are
+    then about twice as slow on LeNet's convolutions, so ``calibrate`` measures the Horovod
+    stores' compute in this environment too."""
+    environ = os.environ if environ is None else environ
+    return dict(environ, OMP_NUM_THREADS=environ.get("OMP_NUM_THREADS", "1"),
+                **{MKLDNN_ENV: environ.get(MKLDNN_ENV, "0")})
+
+
 def run_job(store: str, setting: Setting, inject_s: float) -> dict:
     """One 2-worker job; its step time (the slower worker's) and worker 0's store metrics."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -68,9 +80,8 @@ def run_job(store: str, setting: Setting, inject_s: float) -> dict:
                 "--kvstore", store, "--max-steps", str(setting.steps),
                 "--time-from", str(setting.warmup), "--batch-size", str(setting.batch_size),
                 "--sim-compute-s", str(setting.device_s), "--out", out]
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=env, cwd=ROOT)
+                              env=worker_env(), cwd=ROOT)
         if proc.returncode != 0:
             raise RuntimeError(f"{shlex.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
         results = []

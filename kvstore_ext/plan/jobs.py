@@ -41,6 +41,77 @@ def build(model: str):
     return get_model(model, classes=10), mx.nd.zeros((1, 3, 32, 32))
 
 
+def layers_of(net) -> list:
+    """The layers a network runs in order: a GluonCV CIFAR network's ``features`` then
+    ``output``, a Sequential's children, else the network whole."""
+    if hasattr(net, "features") and hasattr(net, "output"):
+        return list(net.features._children.values()) + [net.output]
+    children = list(getattr(net, "_children", {}).values())
+    return children or [net]
+
+
+def layer_times(args) -> int:
+    """Forward + backward seconds of the whole network and of each layer at one batch size,
+    in this process alone (``calibrate``'s compute: a process that has run other batch sizes
+    runs LeNet's batch of 128 15-25% slower than one that runs only 128, as a job does)."""
+    import mxnet as mx
+    import numpy as np
+    from mxnet import autograd, gluon
+    from .timing import timed
+    net, x1 = build(args.model)
+    net.initialize(mx.init.Xavier())
+    net(x1)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    b = args.batch_size
+    x = mx.nd.random.uniform(shape=(b,) + x1.shape[1:])
+    y = mx.nd.array(np.random.randint(0, 10, b))
+
+    def whole():
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        mx.nd.waitall()
+    steps, names, activations, h = {"whole": whole}, [], 0.0, x
+    for i, layer in enumerate(layers_of(net)):
+        inp = h.copy()
+        inp.attach_grad()
+
+        def one(layer=layer, inp=inp):
+            with autograd.record():
+                out = layer(inp)
+            out.backward(mx.nd.ones_like(out))
+            mx.nd.waitall()
+        steps[i] = one
+        names.append(f"{i}:{type(layer).__name__}")
+        h = layer(h)
+        activations += h.size / b
+    seconds = timed(steps, passes=args.rounds, reps=3, warmup=args.warmup)
+    with open(args.result, "w") as f:
+        json.dump({"model": args.model, "batch_size": b, "whole": seconds.pop("whole"),
+                   "layers": [seconds[i] for i in range(len(names))], "names": names,
+                   "activation_elements_per_sample": activations}, f)
+    return 0
+
+
+def run_layer_times(model: str, batch_size: int, passes: int, env=None,
+                    timeout: float = 900) -> dict:
+    """:func:`layer_times` in a new process with environment ``env`` (this one's if None)."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="kvx-plan-") as tmp:
+        result = os.path.join(tmp, "layers.json")
+        argv = [sys.executable, "-m", "kvstore_ext.plan.jobs", "--layer-times", "--model", model,
+                "--batch-size", str(batch_size), "--rounds", str(passes), "--warmup", "2",
+                "--result", result]
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=env, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"timing {model} at batch {batch_size} failed "
+                               f"({proc.returncode}):\n{proc.stdout[-3000:]}")
+        with open(result) as f:
+            return json.load(f)
+
+
 def worker(args) -> int:
     import mxnet as mx
     import numpy as np
@@ -141,15 +212,26 @@ def allreduce_worker(args) -> int:
         return run
     seconds = timed({size: allreduce(size) for size in ALLREDUCE_SIZES}, passes=3,
                     reps=args.rounds, warmup=args.warmup)
+    # the CPU the process spends per allreduce (Horovod's thread and Gloo's included): what it
+    # takes from a host's cores, which DC-S3GD cannot hide behind a compute that needs them
+    cpu = {}
+    for size in ALLREDUCE_SIZES:
+        run = allreduce(size)
+        c0 = time.process_time()
+        for _ in range(args.rounds):
+            run()
+        cpu[size] = (time.process_time() - c0) / args.rounds
     with open(args.result.replace("{rank}", str(hvd.rank())), "w") as f:
         json.dump({"rank": hvd.rank(), "workers": hvd.size(),
-                   "seconds": {str(k): v for k, v in seconds.items()}}, f)
+                   "seconds": {str(k): v for k, v in seconds.items()},
+                   "cpu_s": {str(k): v for k, v in cpu.items()}}, f)
     return 0
 
 
 def run_allreduce_job(workers: int = 2, rounds: int = 30, timeout: float = 300) -> dict:
-    """Seconds per allreduce of each size in a real Horovod (Gloo) job on this machine:
-    the slower worker's median, by element count."""
+    """Seconds per allreduce of each size in a real Horovod (Gloo) job on this machine, the
+    slower worker's, by element count (``"seconds"``), and the CPU seconds a worker's process
+    spends per allreduce, the workers' mean (``"cpu_s"``)."""
     import subprocess
     import tempfile
     with tempfile.TemporaryDirectory(prefix="kvx-plan-") as tmp:
@@ -164,8 +246,10 @@ def run_allreduce_job(workers: int = 2, rounds: int = 30, timeout: float = 300) 
         runs = []
         for r in range(workers):
             with open(result.replace("{rank}", str(r))) as f:
-                runs.append(json.load(f)["seconds"])
-    return {int(k): max(run[k] for run in runs) for k in runs[0]}
+                runs.append(json.load(f))
+    return {"seconds": {int(k): max(run["seconds"][k] for run in runs) for k in runs[0]["seconds"]},
+            "cpu_s": {int(k): sum(run["cpu_s"][k] for run in runs) / len(runs)
+                      for k in runs[0]["cpu_s"]}}
 
 
 def run_job(kvstore: str, model: str, workers: int, servers: int, *, compute: bool,
@@ -202,6 +286,9 @@ def main(argv=None) -> int:
     p.add_argument("--allreduce", action="store_true",
                    help="time Horovod (Gloo) allreduces of growing sizes instead (launch.py "
                         "--launcher horovod)")
+    p.add_argument("--layer-times", action="store_true",
+                   help="time the forward and backward pass of --model and of each of its layers "
+                        "at --batch-size, --rounds passes (calibrate's compute), in this process")
     p.add_argument("--kvstore", help="store type")
     p.add_argument("--model",
                    help="a gluon_trainers or GluonCV model, or KxN: K arrays of N elements")
@@ -214,6 +301,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.allreduce:
         return allreduce_worker(args)
+    if args.layer_times:
+        if not args.model:
+            p.error("--layer-times needs --model")
+        return layer_times(args)
     if not (args.kvstore and args.model):
         p.error("--kvstore and --model are needed (or --allreduce)")
     return worker(args)

@@ -29,6 +29,8 @@ from ..ps.partition import Partitioner
 
 #: stores the closed form covers; the others are simulated
 CLOSED_FORM = ("dist_bsp", "dist_asp", "dist_ssp", "dist_dssp", "dist_ssgd", "dist_dcs3gd")
+#: the stores whose workers allreduce on Horovod (no servers)
+ALLREDUCE = ("dist_ssgd", "dist_dcs3gd")
 #: what can bound an iteration, in the order the breakdown lists them
 BOTTLENECKS = ("compute", "barrier wait", "worker CPU", "worker link", "server CPU",
                "server link", "host CPU")
@@ -45,7 +47,11 @@ class Costs:
     ``server_msg + server_key * keys + server_byte * bytes`` (opening, checks, the policy,
     gathering, the reply), and per optimizer application ``opt_call + opt_key * keys +
     opt_param * params`` (:meth:`apply_seconds`).  A message crosses a link in ``latency + bytes / bandwidth``.  ``interference[k]``
-    is the slow-down of one process's compute when k compute at once on one host.
+    is the slow-down of one process's compute when k compute at once on one host
+    (``horovod_interference[k]`` in the Horovod workers' environment, if measured).  Gloo's
+    ring allreduce takes ``allreduce_latency`` per step and ``1 / allreduce_bandwidth`` per
+    byte of wall time, and ``allreduce_cpu_latency`` and ``allreduce_cpu_byte`` of a worker's
+    CPU.
     """
 
     worker_msg: float = 2e-4
@@ -61,7 +67,10 @@ class Costs:
     bandwidth: float = 2e9
     allreduce_latency: float = 2e-4
     allreduce_bandwidth: float = 5e8
+    allreduce_cpu_latency: float = 0.0
+    allreduce_cpu_byte: float = 0.0
     interference: dict = field(default_factory=lambda: {1: 1.0})
+    horovod_interference: dict | None = None
     cores: int = 2
 
     def apply_seconds(self, keys, params):
@@ -70,11 +79,14 @@ class Costs:
         return (self.opt_call + self.opt_key * np.asarray(keys, dtype=float)
                 + self.opt_param * np.asarray(params, dtype=float))
 
-    def interference_at(self, k):
+    def interference_at(self, k, horovod=False):
         """Slow-down at ``k`` concurrent processes (array or number): measured points,
-        linear between them, and beyond the last one growing as k / cores does."""
-        ks = np.array(sorted(int(x) for x in self.interference), dtype=float)
-        fs = np.array([self.interference[int(x)] for x in ks], dtype=float)
+        linear between them, and beyond the last one growing as k / cores does.
+        ``horovod``: of Horovod workers (their own measurement, if there is one)."""
+        table = self.horovod_interference if horovod and self.horovod_interference \
+            else self.interference
+        ks = np.array(sorted(int(x) for x in table), dtype=float)
+        fs = np.array([table[int(x)] for x in ks], dtype=float)
         k = np.asarray(k, dtype=float)
         inside = np.interp(k, ks, fs)
         last_k, last_f = ks[-1], fs[-1]
@@ -84,13 +96,13 @@ class Costs:
     @classmethod
     def from_calibration(cls, data: dict) -> "Costs":
         c = data["coefficients"]
-        return cls(**{k: (v if k != "interference" else {int(a): b for a, b in v.items()})
+        return cls(**{k: ({int(a): b for a, b in v.items()} if isinstance(v, dict) else v)
                       for k, v in c.items() if k in cls.__dataclass_fields__})
 
     def to_dict(self) -> dict:
-        return {k: (getattr(self, k) if k != "interference"
-                    else {str(a): b for a, b in sorted(self.interference.items())})
-                for k in self.__dataclass_fields__}
+        def plain(v):
+            return {str(a): b for a, b in sorted(v.items())} if isinstance(v, dict) else v
+        return {k: plain(getattr(self, k)) for k in self.__dataclass_fields__}
 
 
 @dataclass
@@ -105,6 +117,9 @@ class ModelProfile:
     compute_per_sample: float = 0.0
     activation_elements_per_sample: float = 0.0
     layers: list = field(default_factory=list)
+    #: the compute line of a Horovod store's worker (MKL-DNN off, one thread), if measured
+    horovod_compute_fixed: float | None = None
+    horovod_compute_per_sample: float | None = None
 
     @property
     def params(self) -> int:
@@ -124,9 +139,15 @@ class ModelProfile:
                              f"'plan calibrate --models {model}'")
         return cls(model, **data["profiles"][model])
 
-    def host_time(self, batch_size):
-        return np.maximum(self.compute_fixed + self.compute_per_sample
-                          * np.asarray(batch_size, dtype=float), 0.0)
+    def host_time(self, batch_size, store=None):
+        """The host's compute per iteration at ``batch_size``; for ``store`` (one or an array)
+        among the Horovod stores, in their workers' environment when it was measured."""
+        b = np.asarray(batch_size, dtype=float)
+        line = self.compute_fixed + self.compute_per_sample * b
+        if store is not None and self.horovod_compute_per_sample is not None:
+            horovod = self.horovod_compute_fixed + self.horovod_compute_per_sample * b
+            line = np.where(np.isin(store, ALLREDUCE), horovod, line)
+        return np.maximum(line, 0.0)
 
     def placement(self, servers: int, bigarray_bound: int = 1_000_000) -> list[tuple[int, int]]:
         """``(items, elements)`` each server holds, as the workers' partitioner places them:
@@ -181,8 +202,12 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
     nbytes = BYTES_PER_PARAM * np.asarray(elements, dtype=float)
     sbytes = BYTES_PER_PARAM * np.asarray(server_elements, dtype=float)
     smax_bytes = BYTES_PER_PARAM * np.asarray(server_max_elements, dtype=float)
+    store = np.asarray(store)
+    sync = np.isin(store, ("dist_bsp", "dist_psp"))
+    allreduce = np.isin(store, ALLREDUCE)
     # on one shared host, the compute of n workers is slowed by C_interf(n) (the paper's Eq. 9)
-    contention = costs.interference_at(n) if shared_host else np.ones_like(n)
+    contention = np.where(allreduce, costs.interference_at(n, horovod=True),
+                          costs.interference_at(n)) if shared_host else np.ones_like(n)
     host = np.asarray(host_s, dtype=float) * contention
     device = np.asarray(device_s, dtype=float)
     compute = np.maximum(host, device)
@@ -196,9 +221,6 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
     apply_cpu = costs.apply_seconds(server_keys, server_elements)
     zero = np.zeros(np.broadcast(n, compute, worker_cpu, push_cpu).shape)
     parts = {name: zero.copy() for name in BOTTLENECKS}
-    store = np.asarray(store)
-    sync = np.isin(store, ("dist_bsp", "dist_psp"))
-    allreduce = np.isin(store, ("dist_ssgd", "dist_dcs3gd"))
 
     # a synchronous round: the slowest worker, then every worker's push served on the
     # busiest server, one optimizer application, the replies
@@ -219,6 +241,9 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
     # with the next iteration's compute (``overlap`` = the share hidden)
     ring = np.where(n > 1, 2 * (n - 1) * costs.allreduce_latency
                     + 2 * (n - 1) / n * nbytes / costs.allreduce_bandwidth + wire, 0.0)
+    # ... and takes CPU: DC-S3GD hides its wall time, not the cores it needs (the roofline)
+    ring_cpu = np.where(n > 1, 2 * (n - 1) * costs.allreduce_cpu_latency
+                        + 2 * (n - 1) / n * nbytes * costs.allreduce_cpu_byte, 0.0)
     hidden = np.where(store == "dist_dcs3gd", overlap, 0.0)
     ar_time = slowest + worker_cpu * lockstep + np.maximum(ring - hidden * slowest, 0.0)
     seconds = np.where(sync, sync_time, np.where(allreduce, ar_time, async_time))
@@ -229,12 +254,13 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
                     + costs.server_byte * nbytes)
     all_apply = costs.apply_seconds(keys, elements)
     server_cpu = np.where(allreduce, 0.0, all_push + np.where(sync, 1.0, n) * all_apply)
-    cpu = n * (np.asarray(host_s, dtype=float) + worker_cpu) + server_cpu
+    own_ring = np.where(allreduce, ring_cpu, 0.0)
+    cpu = n * (np.asarray(host_s, dtype=float) + worker_cpu + own_ring) + server_cpu
     # what sharing costs beyond the cores' count (switches, caches): C_interf(n) x cores / n
     efficiency = np.maximum(contention * costs.cores / np.maximum(n, 1.0), 1.0)
     host_bound = np.where(shared_host, cpu * efficiency / costs.cores, 0.0)
     on_host = np.asarray(host_s, dtype=float) + worker_cpu + np.where(
-        allreduce, 0.0, np.where(sync, server_round, n * (push_cpu + apply_cpu)))
+        allreduce, ring_cpu, np.where(sync, server_round, n * (push_cpu + apply_cpu)))
     host_bound = np.maximum(host_bound, np.where(np.logical_and(colocated, np.logical_not(shared_host)),
                                                  on_host / costs.cores, 0.0))
     unqueued = seconds
@@ -336,7 +362,7 @@ def predict(profile: ModelProfile, costs: Costs, *, store: str = "dist_bsp", wor
         raise ValueError(f"the model has no equations for store {store!r} "
                          f"(it covers {', '.join(CLOSED_FORM + ('dist_psp',))})")
     place = busiest(profile, servers, costs, workers, bigarray_bound)
-    host = float(profile.host_time(batch_size)) if host_compute else 0.0
+    host = float(profile.host_time(batch_size, store)) if host_compute else 0.0
     uneven = len(set(devices)) > 1
     common = dict(workers=workers, batch_size=batch_size, host_s=host, keys=place["items"],
                   elements=profile.params, messages=place["messages"],

@@ -328,7 +328,8 @@ def evaluate(profile: ModelProfile, costs: Costs, space: Space, *, shared_host: 
     col = {k: np.array([table[sv][k] for sv in s]) for k in
            ("keys", "elements", "messages", "max_elements", "items")}
     devices = device_runs(space, bi, n)
-    host = profile.host_time(b) if host_compute or not space.device_ms_at else np.zeros(len(b))
+    host = profile.host_time(b, store) if host_compute or not space.device_ms_at \
+        else np.zeros(len(b))
     inputs = dict(workers=n, batch_size=b, host_s=host, keys=col["items"],
                   elements=profile.params, messages=col["messages"], server_keys=col["keys"],
                   server_elements=col["elements"], server_max_elements=col["max_elements"],
@@ -563,8 +564,8 @@ def recheck(profile: ModelProfile, costs: Costs, rows: list[dict], space: Space,
         p = predict(profile, costs, store=r["store"], workers=r["workers"], servers=r["servers"],
                     batch_size=r["batch_size"], device_s=devices, shared_host=shared_host,
                     host_compute=host_compute, colocated=r["colocated"], bandwidth=bandwidth)
-        host = float(profile.host_time(r["batch_size"])) if host_compute or not any(devices) \
-            else 0.0
+        host = float(profile.host_time(r["batch_size"], r["store"])) \
+            if host_compute or not any(devices) else 0.0
         push_s, apply_s = server_service(costs, busiest(profile, r["servers"], costs,
                                                         r["workers"]))
         sim = simulated_time(r["store"], r["params"], devices, host,

@@ -234,12 +234,12 @@ def dcs3gd_rows(bench: dict, calibration: dict, overlap: float = 1.0) -> list[di
     profile = ModelProfile.from_calibration(calibration, "lenet")
     args = bench["args"]
     batch, device = int(args["batch_size"]), float(args.get("device_s") or 0.0)
-    host = float(profile.host_time(batch))
     rows = []
     for regime, title in DCS3GD_REGIMES:
         wire = float(bench["injected_comm_s"]) if regime == "comm_equals_compute" else 0.0
         got = {}
         for store in ("dist_ssgd", "dist_dcs3gd"):
+            host = float(profile.host_time(batch, store))
             # the device holds the step between the host's forward and backward: they add up
             pred = predict(profile, costs, store=store, workers=2, batch_size=batch,
                            device_s=host + device if device else 0.0, overlap=overlap,

@@ -37,6 +37,13 @@ def test_calibration_measures_every_coefficient(calibration):
     assert set(c["interference"]) == {"1", "2"} and c["interference"]["1"] == 1.0
     assert data["profiles"]["lenet"]["key_sizes"] == [500, 20, 25000, 50, 400000, 500, 5000, 10]
     assert data["compute"]["lenet"]["fit"]["per_sample"] > 0
+    # the Horovod stores' workers compute with MXNet's own kernels (MKL-DNN off, as launch.py
+    # starts them): measured so, and slower here than with MKL-DNN
+    horovod = data["compute_horovod"]["lenet"]
+    assert horovod["environment"]["MXNET_MKLDNN_ENABLED"] == "0"
+    prof = data["profiles"]["lenet"]
+    assert prof["horovod_compute_per_sample"] > 1.2 * prof["compute_per_sample"]
+    assert set(c["horovod_interference"]) == {"1", "2"}
     assert {row["fit"] for row in data["fits"]} >= {"wire", "optimizer", "worker runtime",
                                                     "server runtime", "compute lenet"}
 

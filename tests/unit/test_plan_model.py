@@ -154,6 +154,49 @@ def test_injected_wire_time_lengthens_the_ring_and_dcs3gd_hides_it_up_to_the_com
     assert parts["worker link"] == pytest.approx(2 * 1e-4 + 2 * 1_004_000 / 1e9 + 0.1)
 
 
+def test_the_rings_cpu_is_on_the_hosts_roofline_and_dcs3gd_cannot_hide_it_there():
+    # 2 workers on one 2-core host, 20 ms of host compute each, C_interf 1: the ring takes
+    # 2 x 1e-4 s + 1,004,000 B / 1 GB/s = 1.204 ms of wall time and, per worker,
+    # 2 x 5e-5 s + 1,004,000 B x 5e-10 s/B = 0.602 ms of CPU
+    c = costs(interference={1: 1.0, 2: 1.0}, allreduce_cpu_latency=5e-5,
+              allreduce_cpu_byte=5e-10)
+    ring, ring_cpu, worker = 2e-4 + 1_004_000 / 1e9, 1e-4 + 1_004_000 * 5e-10, 0.002204
+    ssgd, _ = one("dist_ssgd", 2, device=0.0, host=0.02, shared=True, c=c)
+    assert ssgd == pytest.approx(0.02 + worker + ring)
+    # DC-S3GD would hide the ring's 1.204 ms, but the cores carry compute, worker CPU and the
+    # ring's CPU of both workers: (20 + 2.204 + 0.602) ms x 2 / 2 cores
+    dcs3gd, parts = one("dist_dcs3gd", 2, device=0.0, host=0.02, shared=True, c=c)
+    assert dcs3gd == pytest.approx(0.02 + worker + ring_cpu)
+    assert parts["host CPU"] == pytest.approx(ring_cpu)
+    # on hosts of their own (or behind a device) it hides as before
+    apart, _ = one("dist_dcs3gd", 2, device=0.0, host=0.02, shared=False, c=c)
+    assert apart == pytest.approx(0.02 + worker)
+    # the parameter-server stores take no ring CPU
+    assert one("dist_bsp", 2, device=0.0, host=0.02, shared=True, c=c)[0] == pytest.approx(
+        one("dist_bsp", 2, device=0.0, host=0.02, shared=True,
+            c=costs(interference={1: 1.0, 2: 1.0}))[0])
+
+
+def test_horovod_workers_compute_and_share_a_host_as_measured_in_their_environment():
+    profile = ModelProfile("toy", [1000], compute_fixed=0.001, compute_per_sample=1e-4,
+                           horovod_compute_fixed=0.002, horovod_compute_per_sample=3e-4)
+    assert float(profile.host_time(10)) == pytest.approx(0.002)
+    assert float(profile.host_time(10, "dist_bsp")) == pytest.approx(0.002)
+    assert float(profile.host_time(10, "dist_dcs3gd")) == pytest.approx(0.005)
+    both = profile.host_time(np.array([10, 10]), np.array(["dist_asp", "dist_ssgd"]))
+    assert np.allclose(both, [0.002, 0.005])
+    plain = ModelProfile("toy", [1000], compute_fixed=0.001, compute_per_sample=1e-4)
+    assert float(plain.host_time(10, "dist_ssgd")) == pytest.approx(0.002)   # not measured
+    c = costs(interference={1: 1.0, 2: 1.5}, horovod_interference={1: 1.0, 2: 1.1})
+    assert float(c.interference_at(2, horovod=True)) == pytest.approx(1.1)
+    assert float(c.interference_at(2)) == pytest.approx(1.5)
+    _, parts = one("dist_ssgd", 2, device=0.0, host=0.02, shared=True, c=c)
+    assert parts["compute"] == pytest.approx(0.022)
+    _, parts = one("dist_bsp", 2, device=0.0, host=0.02, shared=True, c=c)
+    assert parts["compute"] == pytest.approx(0.03)
+    assert Costs.from_calibration({"coefficients": c.to_dict()}) == c
+
+
 def test_dcs3gd_rows_score_a_bench_result_by_hand():
     from kvstore_ext.plan.validate import dcs3gd_rows
     c = costs(interference={1: 1.0, 2: 1.0})

@@ -103,7 +103,7 @@ bench-dcs3gd: setup
 
 # the planner against real jobs: calibrate (twice: repeatability), then validate: a grid of
 # parameter-server jobs, then SSGD against DC-S3GD on 2 Horovod workers, on the CPU and on a
-# simulated 100 ms device (about 40 minutes; results/plan)
+# simulated 100 ms device (about 45 minutes; results/plan)
 bench-plan: setup
 	$(PY) -m kvstore_ext.plan calibrate --out results/plan/calibration.json
 	$(PY) -m kvstore_ext.plan calibrate --out results/plan/calibration_repeat.json

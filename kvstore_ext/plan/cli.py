@@ -17,7 +17,7 @@ def _calibration(path: str) -> dict:
     from .calibrate import load
     if not os.path.exists(path):
         raise SystemExit(f"no calibration at {path}: run 'python -m kvstore_ext.plan calibrate "
-                         f"--out {path}' first (about 2 minutes)")
+                         f"--out {path}' first (about 10 minutes)")
     return load(path)
 
 
@@ -388,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "interference between processes, wire latency and bandwidth, "
                                    "the optimizer, and the worker's and server's CPU per message, "
                                    "key and byte in real jobs; write them as JSON with each "
-                                   "fit's R^2 (about 2 minutes).")
+                                   "fit's R^2 (about 10 minutes here).")
     c.add_argument("--out", default=DEFAULT_CALIBRATION,
                    help=f"the calibration JSON to write (default {DEFAULT_CALIBRATION})")
     c.add_argument("--models", default="lenet,cifar_resnet20_v1",

@@ -73,7 +73,8 @@ def measure_compute(model: str, batch_sizes=(8, 16, 32, 64, 128), passes: int = 
     22-24 ms: a 5-point line through the first kind bent to R^2 0.95).  ``passes`` processes
     per batch size, the sizes taken in turn so that drift spreads over all of them, each
     process's ``reps`` interleaved passes summarised by their trimmed mean, and the processes'
-    by their median.  ``env``: the processes' environment (this one's if None)."""
+    without the highest and lowest (the median of three).  ``env``: the processes'
+    environment (this one's if None)."""
     from .jobs import run_layer_times
     from ..devices import MODELS as MACS
     runs = {b: [] for b in batch_sizes}
@@ -82,6 +83,7 @@ def measure_compute(model: str, batch_sizes=(8, 16, 32, 64, 128), passes: int = 
             runs[b].append(run_layer_times(model, b, reps, env))
     def middle(values):
         return trimmed_mean(values, drop=1)
+
     whole = [middle([r["whole"] for r in runs[b]]) for b in batch_sizes]
     names = runs[batch_sizes[0]][0]["names"]
     per_layer = [[middle([r["layers"][i] for r in runs[b]]) for b in batch_sizes]

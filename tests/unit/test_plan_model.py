@@ -407,3 +407,20 @@ def test_a_nonnegative_fit_keeps_costs_at_or_above_zero():
     kept = fit({"one": np.ones(4), "x": x}, y, nonnegative=True)
     assert free["one"] < 0 and kept["one"] == 0.0 and kept["x"] > 0
     assert 0.9 < kept["r2"] <= free["r2"]
+
+
+def test_repeatability_compares_every_coefficient_and_each_environments_compute():
+    from kvstore_ext.plan.calibrate import repeatability
+
+    def calibration(scale):
+        c = costs(interference={1: 1.0, 2: 1.2}, horovod_interference={1: 1.0, 2: 1.1 * scale},
+                  allreduce_cpu_byte=5e-10).to_dict()
+        return {"coefficients": c,
+                "profiles": {"lenet": {"compute_per_sample": 2e-4,
+                                       "horovod_compute_per_sample": 4e-4 * scale}}}
+    rows = {r["coefficient"]: r for r in repeatability(calibration(1.0), calibration(1.25))}
+    assert rows["horovod_interference@2"]["difference"] == pytest.approx(0.2)
+    assert rows["lenet compute/sample (Horovod workers)"]["difference"] == pytest.approx(0.2)
+    assert rows["interference@2"]["difference"] == 0.0
+    assert rows["allreduce_cpu_byte"]["difference"] == 0.0
+    assert "cores" not in rows and "interference" not in rows

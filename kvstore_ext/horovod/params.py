@@ -24,3 +24,9 @@ def dcs3gd_params(params: dict) -> dict:
 
 #: MXNet's switch for MKL-DNN kernels; Horovod's allreduce cannot take their array layouts
 MKLDNN_ENV = "MXNET_MKLDNN_ENABLED"
+
+
+def worker_kernels(environ) -> dict:
+    """The kernel switch a Horovod worker gets from ``environ``: MKL-DNN off unless it is set
+    (``launch.py --launcher horovod`` starts workers so; the planner calibrates them so)."""
+    return {MKLDNN_ENV: environ.get(MKLDNN_ENV, "0")}

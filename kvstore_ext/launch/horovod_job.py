@@ -20,7 +20,7 @@ import sys
 import time
 
 from .. import jobenv
-from ..horovod.params import MKLDNN_ENV
+from ..horovod.params import worker_kernels
 from .hosts import loopback_interface, read_hostfile
 from .options import parse_env_pairs, store_env, straggler_env, worker_command
 from .process import Node, Supervisor
@@ -51,7 +51,7 @@ class HorovodJob:
         # MXNet's MKL-DNN layouts (blocked, sometimes padded) reach Horovod's allreduce from
         # convolutions and break it (a failed check or a size mismatch between ranks): off,
         # unless the job's options say otherwise
-        env.setdefault(MKLDNN_ENV, "0")
+        env.update(worker_kernels(env))
         env.update(parse_env_pairs(a.env))
         env.update(parse_env_pairs(a.env_worker))
         env.update(self.straggler_env)   # --worker-speed

@@ -115,17 +115,9 @@ ENV_SHOWN = ("OMP_NUM_THREADS", "MXNET_MKLDNN_ENABLED", "MXNET_ENGINE_TYPE")
 _PROBE = r"""
 import sys, time
 sys.path.insert(0, {root!r})
-import mxnet as mx
-from mxnet import autograd, gluon
 from kvstore_ext.plan.timing import trimmed_mean
-from kvstore_ext.plan.jobs import build
-net, x1 = build({model!r}); net.initialize(); net(x1)
-x = mx.nd.random.uniform(shape=({batch},) + x1.shape[1:]); y = mx.nd.zeros(({batch},))
-loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-def step():
-    with autograd.record():
-        loss = loss_fn(net(x), y)
-    loss.backward(); mx.nd.waitall()
+from kvstore_ext.plan.jobs import training_step
+step = training_step({model!r}, {batch})[2]
 for _ in range(3): step()
 print("ready", flush=True)
 for line in sys.stdin:

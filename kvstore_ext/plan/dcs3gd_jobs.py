@@ -21,7 +21,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 
-from ..horovod.params import MKLDNN_ENV
+from ..horovod.params import worker_kernels
 from .validate import DCS3GD_REGIMES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -68,7 +68,7 @@ def worker_env(environ=None) -> dict:
     stores' compute in this environment too."""
     environ = os.environ if environ is None else environ
     return dict(environ, OMP_NUM_THREADS=environ.get("OMP_NUM_THREADS", "1"),
-                **{MKLDNN_ENV: environ.get(MKLDNN_ENV, "0")})
+                **worker_kernels(environ))
 
 
 def run_job(store: str, setting: Setting, inject_s: float) -> dict:

@@ -50,27 +50,36 @@ def layers_of(net) -> list:
     return children or [net]
 
 
+def training_step(model: str, batch_size: int):
+    """``(net, x, step)``: the model built and initialised, a batch of random inputs, and one
+    forward + backward pass over it with a softmax loss, waited for (what calibrate times)."""
+    import mxnet as mx
+    import numpy as np
+    from mxnet import autograd, gluon
+    net, x1 = build(model)
+    net.initialize(mx.init.Xavier())
+    net(x1)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    x = mx.nd.random.uniform(shape=(batch_size,) + x1.shape[1:])
+    y = mx.nd.array(np.random.randint(0, 10, batch_size))
+
+    def step():
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        mx.nd.waitall()
+    return net, x, step
+
+
 def layer_times(args) -> int:
     """Forward + backward seconds of the whole network and of each layer at one batch size,
     in this process alone (``calibrate``'s compute: a process that has run other batch sizes
     runs LeNet's batch of 128 15-25% slower than one that runs only 128, as a job does)."""
     import mxnet as mx
-    import numpy as np
-    from mxnet import autograd, gluon
+    from mxnet import autograd
     from .timing import timed
-    net, x1 = build(args.model)
-    net.initialize(mx.init.Xavier())
-    net(x1)
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     b = args.batch_size
-    x = mx.nd.random.uniform(shape=(b,) + x1.shape[1:])
-    y = mx.nd.array(np.random.randint(0, 10, b))
-
-    def whole():
-        with autograd.record():
-            loss = loss_fn(net(x), y)
-        loss.backward()
-        mx.nd.waitall()
+    net, x, whole = training_step(args.model, b)
     steps, names, activations, h = {"whole": whole}, [], 0.0, x
     for i, layer in enumerate(layers_of(net)):
         inp = h.copy()

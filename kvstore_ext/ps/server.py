@@ -24,6 +24,7 @@ import zmq
 
 from .. import jobenv, registry
 from .faults import FaultPlan
+from .heap import keep_freed_buffers
 from ..metrics import ServerMetrics, write_json
 from zmq.utils.monitor import recv_monitor_message
 
@@ -1023,6 +1024,7 @@ class Server:
 def main(argv=None) -> int:
     global mx, SYNCHRONOUS_ENGINE
     logging.basicConfig(level=logging.INFO, format="[kvstore_ext server] %(message)s")
+    keep_freed_buffers()
     # Updates run inline on small arrays: the threaded engine only adds latency here.
     os.environ.setdefault("MXNET_ENGINE_TYPE", "NaiveEngine")
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -44,6 +44,7 @@ PLUGINS = "KVX_PLUGINS"               # modules that register more store types (
 MAX_FRAME_MB = "KVX_MAX_FRAME_MB"     # transport limits (ps.transport.Limits)
 MAX_FRAMES = "KVX_MAX_FRAMES"
 CURVE = "KVX_CURVE"
+SERVER_MALLOC = "KVX_SERVER_MALLOC"   # "default": servers leave malloc's thresholds (ps.heap)
 
 
 def params_from_env() -> dict:

@@ -48,6 +48,7 @@ class ServerMetrics:
         self.errors = 0
         self.rejected_unauthenticated = 0
         self.messages = 0          # requests served (authenticated and well-formed)
+        self.malloc = "default"    # "fixed": the process's malloc thresholds (ps.heap)
         #: (key, block, what reports that block's decisions: its ``report(wall_offset)``);
         #: set by the server on its first key
         self.decision_log = None
@@ -76,6 +77,7 @@ class ServerMetrics:
             "errors": self.errors,
             "rejected_unauthenticated": self.rejected_unauthenticated,
             "peak_rss_mb": peak_rss_mb(),
+            "malloc": self.malloc,
             "staleness": {str(w): h.to_dict() for w, h in sorted(self.staleness.items())},
             "lead_at_ok": {str(w): h.to_dict() for w, h in sorted(self.lead_at_ok.items())},
             "max_lead_at_ok": {str(w): h.max for w, h in sorted(self.lead_at_ok.items())},

@@ -294,8 +294,9 @@ def measure_runtime(optimizer_fit: dict, sets=RUNTIME_SETS, rounds: int = 30,
     """Worker CPU per round and server CPU per push in real 1 x 1 ``dist_bsp`` jobs, over
     ``repeats`` jobs per set, interleaved: the mean without the highest and lowest.  Not the
     median: a job's CPU falls in one of two modes set when its processes start (two jobs of
-    64x4096 in a row: 2.6 and 1.8 ms of server CPU per round), and a median of a few jobs
-    jumps between the modes where a mean moves by the share of jobs in each."""
+    64x4096 in a row: 2.6 and 1.8 ms of server CPU per round; the server's was its malloc's,
+    fixed by :mod:`kvstore_ext.ps.heap`), and a median of a few jobs jumps between the modes
+    where a mean moves by the share of jobs in each."""
     from .jobs import run_job
     runs = {name: [] for name in sets}
     for _ in range(repeats):

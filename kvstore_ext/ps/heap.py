@@ -5,9 +5,10 @@ receives the next round's.  glibc's malloc returns the free top of its heap to t
 whenever it exceeds the trim threshold (128 KB, raised on the fly by its "dynamic mmap
 threshold" after the first large free, so it depends on the history of the process), and the
 next round's buffers then fault every page back in: a brk pair per round and a page fault per
-4 KB.  Measured on 1-worker, 1-server ``dist_bsp`` jobs (interleaved, medians of 5): server
-CPU per round 1.85 -> 1.46 ms for 64 arrays of 4,096, 2.59 -> 2.24 ms for ResNet-20's
-shapes; and which of two modes a job fell in stopped depending on its start.
+4 KB.  Whether a server churned so was set by the sizes it happened to free first: two
+calibrations of the same code disagreed on the server's costs by up to 13%, and one job's
+server spent 0.4 ms a round more than the next one's (docs/planner.md, "The servers' two
+modes").
 
 Fixing the thresholds (which also turns the dynamic adjustment off) keeps at most the
 threshold's worth of freed memory: bounded, and no more than the server's own peak.  A user's
@@ -20,6 +21,8 @@ import ctypes
 import ctypes.util
 import logging
 import os
+
+from ..jobenv import SERVER_MALLOC
 
 log = logging.getLogger("kvstore_ext.heap")
 
@@ -35,8 +38,6 @@ TOP_PAD = 16 << 20
 #: allocations from here up get their own mapping (glibc's largest allowed value on 64 bits)
 MMAP_THRESHOLD = 32 << 20
 
-#: ``default``: leave malloc's thresholds alone
-ENV = "KVX_SERVER_MALLOC"
 USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_")
 
 
@@ -44,7 +45,7 @@ def keep_freed_buffers() -> bool:
     """Set glibc's malloc thresholds for a server process; False (and nothing changed) where
     the C library is not glibc, the user set any of them in the environment, or
     ``KVX_SERVER_MALLOC=default``."""
-    if os.environ.get(ENV) == "default" or any(os.environ.get(n) for n in USER_SETTINGS):
+    if os.environ.get(SERVER_MALLOC) == "default" or any(os.environ.get(n) for n in USER_SETTINGS):
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

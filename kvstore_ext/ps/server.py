@@ -1024,7 +1024,7 @@ class Server:
 def main(argv=None) -> int:
     global mx, SYNCHRONOUS_ENGINE
     logging.basicConfig(level=logging.INFO, format="[kvstore_ext server] %(message)s")
-    keep_freed_buffers()
+    fixed_malloc = keep_freed_buffers()
     # Updates run inline on small arrays: the threaded engine only adds latency here.
     os.environ.setdefault("MXNET_ENGINE_TYPE", "NaiveEngine")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -1039,6 +1039,7 @@ def main(argv=None) -> int:
     except RuntimeError as exc:
         print(f"kvstore_ext server: {exc}", file=sys.stderr)
         return 1
+    server.metrics.malloc = "fixed" if fixed_malloc else "default"
     profile_to = os.environ.get("KVX_PROFILE_SERVER")
     if profile_to:   # developer aid: cProfile the event loop, one file per server
         import cProfile

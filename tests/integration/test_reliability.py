@@ -14,12 +14,14 @@ PKG = os.path.join(JOBS, "pkg")
 
 def test_heavy_async_load_finishes_with_defaults_and_bounded_memory(run_job):
     """4 workers x 200 asynchronous pushpulls of a (3000, 700) key split over 2 servers: with
-    default settings nobody is declared dead, no update is lost, every process stays < 1 GB."""
+    default settings nobody is declared dead, no update is lost, every process stays < 1 GB
+    (the servers with their fixed malloc thresholds, which keep freed buffers)."""
     code, log = run_job(4, 2, [os.path.join(JOBS, "load.py"), "--rounds", "200"], timeout=300)
     assert code == 0, log[-3000:]
     result = tagged(log, "LOAD")[0]
     assert result["value_min"] == result["value_max"] == result["expected"], result
     assert result["pushes_applied"] == [800, 800]
+    assert result["server_malloc"] == ["fixed", "fixed"], result
     peaks = [result["worker_peak_rss_mb"], *result["server_peak_rss_mb"],
              *(w["peak_rss_mb"] for w in tagged(log, "LOADWORKER"))]
     assert len(peaks) == 6 and max(peaks) < 1024, peaks

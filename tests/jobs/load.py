@@ -49,6 +49,7 @@ def main():
             "expected": expected,
             "worker_peak_rss_mb": stats["worker"]["peak_rss_mb"],
             "server_peak_rss_mb": [s["peak_rss_mb"] for s in stats["servers"]],
+            "server_malloc": [s["malloc"] for s in stats["servers"]],
             "pushes_applied": [s["pushes_applied"] for s in stats["servers"]]}), flush=True)
     else:
         print("LOADWORKER " + json.dumps({"rank": kv.rank,

@@ -321,6 +321,18 @@ def test_evaluations_on_worker_0s_iteration_grid(digits):
     assert two_rounds.evaluate(6.5) == bsp.log.curve[0].accuracy
 
 
+def test_evaluation_stamped_when_worker_0_leaves_the_server_queue(digits):
+    """With a server that takes 0.25 s per push, worker 0 is let go when its push has been
+    served, not when it arrived: its 2nd push arrives at 2.25 (behind worker 1's at 2.0,
+    served until 2.25) and is served until 2.5, and that is the evaluation's moment."""
+    x, y, xt, yt = digits
+    vt = VirtualTraining(fresh_net(0), "dist_asp", 3, x, y, xt, yt, BATCH, make_sgd(),
+                         seed=0, eval_every_iterations=2)
+    clocks = DeviceClock.for_cluster("1000ms,2000ms,3000ms", [], 3)
+    simulate("dist_asp", {}, None, 2.9, clocks=clocks, service=0.25, trainer=vt)
+    assert [(e.time, e.iterations) for e in vt.log.curve] == [(2.5, 3)]
+
+
 def calibration_file(tmp_path, interference=None):
     """A ``plan calibrate`` JSON with hand-set costs and LeNet's profile: 1 ms + 0.1 ms per
     sample of compute."""

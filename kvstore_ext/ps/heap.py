@@ -18,7 +18,6 @@ leaves malloc as it is.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 
@@ -42,14 +41,13 @@ USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRES
 
 
 def keep_freed_buffers() -> bool:
-    """Set glibc's malloc thresholds for a server process; False (and nothing changed) where
-    the C library is not glibc, the user set any of them in the environment, or
-    ``KVX_SERVER_MALLOC=default``."""
+    """Set glibc's malloc thresholds for a server process; False where the C library has no
+    ``mallopt`` or refuses one, the user set any of them in the environment, or
+    ``KVX_SERVER_MALLOC=default`` (nothing is set in the last two cases)."""
     if os.environ.get(SERVER_MALLOC) == "default" or any(os.environ.get(n) for n in USER_SETTINGS):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt   # the C library's, as launch.process finds prctl
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int

@@ -120,11 +120,12 @@ from kvstore_ext.plan.jobs import training_step
 step = training_step({model!r}, {batch})[2]
 for _ in range(3): step()
 print("ready", flush=True)
-for line in sys.stdin:
-    if line.strip() != "go":
+for line in sys.stdin:                  # "go SECONDS": time steps for that long
+    word, _, window = line.partition(" ")
+    if word != "go":
         break
     times = []
-    end = time.perf_counter() + {seconds}
+    end = time.perf_counter() + float(window)
     while time.perf_counter() < end:
         t0 = time.perf_counter(); step(); times.append(time.perf_counter() - t0)
     print(trimmed_mean(times), flush=True)
@@ -132,23 +133,28 @@ for line in sys.stdin:
 
 
 def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4, 8),
-                         seconds: float = 2.0, rounds: int = 5, env: dict | None = None) -> dict:
+                         seconds: float = 2.0, rounds: int = 3, env: dict | None = None) -> dict:
     """The slow-down of one process's compute when k processes compute at once: k probe
-    processes are started once, then, ``rounds`` times, the first computes alone and all k
-    together; the factor is the median of each round's together / alone, so drift between
-    rounds cancels.  ``env``: the probes' environment (by default this one's: the threads a
+    processes are started once, then, ``rounds`` times, each computes alone in turn (for half
+    of ``seconds``) and all k together; a round's factor is the mean of their times together
+    over the mean of their times alone, and the factor is the median over rounds, so drift
+    between rounds cancels.  Every probe has its own baseline because processes started alike
+    compute at different speeds and keep them (LeNet at batch 64 here: 10.5 to 14.5 ms a step
+    alone, the same probe within 5% from round to round), so one probe's baseline made the
+    factor a draw of which process it was (C_interf(8) 4.27 in one calibration, 5.56 in the
+    next).  ``env``: the probes' environment (by default this one's: the threads a
     parameter-server job's workers get, launch.py leaves them as they are)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    code = _PROBE.format(root=root, model=model, batch=batch, seconds=seconds)
+    code = _PROBE.format(root=root, model=model, batch=batch)
     env = dict(os.environ) if env is None else env
 
-    def run(procs) -> list[float]:
+    def run(procs, window: float) -> list[float]:
         for p in procs:          # all start together
-            p.stdin.write("go\n")
+            p.stdin.write(f"go {window}\n")
             p.stdin.flush()
         return [float(p.stdout.readline()) for p in procs]
 
-    together, alone, factor = {}, {}, {}
+    together, alone, factor, per_probe = {}, {}, {}, {}
     for k in counts:
         procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, env=env) for _ in range(k)]
@@ -156,19 +162,21 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
             for p in procs:
                 if p.stdout.readline().strip() != "ready":
                     raise RuntimeError(f"an interference probe of {model} failed to start")
-            pairs = []
+            rows = []
             for _ in range(rounds if k > 1 else 1):
-                one = run(procs[:1])[0]
-                pairs.append((one, statistics.median(run(procs)) if k > 1 else one))
+                alone_each = [run([p], seconds / 2)[0] for p in procs]
+                rows.append((alone_each, run(procs, seconds) if k > 1 else alone_each))
         finally:
             for p in procs:
                 p.kill()
                 p.wait()
-        alone[k] = statistics.median(a for a, _ in pairs)
-        together[k] = statistics.median(t for _, t in pairs)
-        factor[k] = statistics.median(t / a for a, t in pairs)
+        alone[k] = statistics.median(statistics.mean(a) for a, _ in rows)
+        together[k] = statistics.median(statistics.mean(t) for _, t in rows)
+        factor[k] = statistics.median(statistics.mean(t) / statistics.mean(a) for a, t in rows)
+        per_probe[k] = [{"alone": a, "together": t} for a, t in rows]
     return {"model": model, "batch": batch, "seconds": together, "alone_seconds": alone,
-            "factor": factor, "environment": {k: v for k, v in env.items() if k in ENV_SHOWN}}
+            "factor": factor, "per_probe_seconds": per_probe,
+            "environment": {k: v for k, v in env.items() if k in ENV_SHOWN}}
 
 
 _ECHO = r"""

@@ -35,6 +35,10 @@ def test_calibration_measures_every_coefficient(calibration):
     assert 1e-6 < c["server_key"] + c["server_msg"] < 0.05
     assert 1e7 < c["bandwidth"] < 1e11
     assert set(c["interference"]) == {"1", "2"} and c["interference"]["1"] == 1.0
+    # each probe's own baseline: processes started alike compute at different speeds
+    (row,) = data["interference"]["per_probe_seconds"]["2"]
+    assert len(row["alone"]) == len(row["together"]) == 2
+    assert c["interference"]["2"] == pytest.approx(sum(row["together"]) / sum(row["alone"]))
     assert data["profiles"]["lenet"]["key_sizes"] == [500, 20, 25000, 50, 400000, 500, 5000, 10]
     assert data["compute"]["lenet"]["fit"]["per_sample"] > 0
     # the Horovod stores' workers compute with MXNet's own kernels (MKL-DNN off, as launch.py

@@ -355,7 +355,7 @@ def measure_allreduce(workers: int = 2, jobs: int = 5) -> dict | None:
     size's mean over ``jobs`` jobs without the highest and lowest (where a job's workers fall
     in Horovod's background cycle is set when it starts: one job's small allreduces took 1.9
     ms, the next one's 1.2).  The CPU a worker's process spends per allreduce is fitted the
-    same way (``cpu_fit``).  None without Horovod."""
+    same way (``cpu_fit``).  Each job's points are kept (``jobs``).  None without Horovod."""
     try:
         import horovod.mxnet  # noqa: F401
     except ImportError:
@@ -372,7 +372,8 @@ def measure_allreduce(workers: int = 2, jobs: int = 5) -> dict | None:
     c = fit(columns, cpu, nonnegative=True, relative=True)
     return {"workers": workers, "bytes": nbytes.tolist(), "seconds": seconds, "cpu_s": cpu,
             "fit": f, "latency": f["latency"], "bandwidth": 1.0 / max(f["per_byte"], 1e-12),
-            "cpu_fit": c}
+            "cpu_fit": c, "jobs": [{kind: [run[kind][k] for k in sizes]
+                                    for kind in ("seconds", "cpu_s")} for run in runs]}
 
 
 def calibrate(models=("lenet", "cifar_resnet20_v1"), interference_counts=(1, 2, 4, 8),

@@ -52,6 +52,21 @@ def test_calibration_measures_every_coefficient(calibration):
                                                     "server runtime", "compute lenet"}
 
 
+def test_allreduce_calibration_in_real_horovod_jobs():
+    """Gloo's ring in one real 2-worker Horovod job: every size timed and its CPU measured,
+    the job's own points kept beside the fits (a miss between two calibrations can then be
+    traced to the job that moved)."""
+    pytest.importorskip("horovod.mxnet")
+    from kvstore_ext.plan.calibrate import measure_allreduce
+    from kvstore_ext.plan.jobs import ALLREDUCE_SIZES
+    out = measure_allreduce(jobs=1)
+    (job,) = out["jobs"]
+    assert len(job["seconds"]) == len(job["cpu_s"]) == len(ALLREDUCE_SIZES)
+    assert all(c > 0 for c in job["cpu_s"]) and job["seconds"][-1] > job["seconds"][0]
+    assert out["latency"] > 0 and 1e7 < out["bandwidth"] < 1e11
+    assert out["cpu_fit"]["per_byte"] > 0
+
+
 def test_predictions_match_two_real_jobs(calibration, tmp_path):
     """dist_bsp and dist_asp, 2 workers x 1 server, LeNet computing real gradients on
     emulated 100 ms devices: the model's time per iteration within the paper's 25%."""

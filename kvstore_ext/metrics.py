@@ -12,6 +12,17 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+#: what :func:`rusage_counts` reports, each a count since the process started
+RUSAGE_COUNTS = ("minor_faults", "major_faults", "voluntary_switches", "involuntary_switches")
+
+
+def rusage_counts() -> dict:
+    """This process's page faults (minor: a page mapped in; major: read from disk) and context
+    switches (voluntary: it waited; involuntary: it was preempted) so far, all threads."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return dict(zip(RUSAGE_COUNTS, (u.ru_minflt, u.ru_majflt, u.ru_nvcsw, u.ru_nivcsw)))
+
+
 class Histogram:
     """Counts of integer values (staleness, lead at OK)."""
 
@@ -43,6 +54,10 @@ class ServerMetrics:
         self.pushes_applied = 0
         self.pushes_dropped = 0
         self.updates = 0
+        #: CPU seconds of the server's thread in its optimizer calls (all of the optimizer's
+        #: work under the servers' synchronous engine): what an update costs in place, with
+        #: the caches as the traffic around it leaves them, for the planner
+        self.optimizer_cpu_s = 0.0
         self.staleness: dict[int, Histogram] = {}
         self.lead_at_ok: dict[int, Histogram] = {}
         self.errors = 0
@@ -69,11 +84,15 @@ class ServerMetrics:
             # CPU seconds of the whole process, MXNet's engine threads included: the planner
             # (kvstore_ext.plan) divides the change over a run by the messages served
             "cpu_s": time.process_time(),
+            # page faults and context switches of the whole process: a server that faults its
+            # receive buffers in every round pays for it in cpu_s (docs/planner.md)
+            **rusage_counts(),
             "messages": self.messages,
             "pushes_received": self.pushes_received,
             "pushes_applied": self.pushes_applied,
             "pushes_dropped": self.pushes_dropped,
             "updates": self.updates,
+            "optimizer_cpu_s": self.optimizer_cpu_s,
             "errors": self.errors,
             "rejected_unauthenticated": self.rejected_unauthenticated,
             "peak_rss_mb": peak_rss_mb(),

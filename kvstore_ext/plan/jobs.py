@@ -19,6 +19,9 @@ import re
 import sys
 import time
 
+from ..metrics import RUSAGE_COUNTS
+
+
 def model_shapes(model: str) -> list[tuple[int, ...]]:
     """The trainable arrays' shapes of a Gluon model, in push order, or of ``KxN``: K arrays
     of N elements (the synthetic sets that vary keys and bytes apart in calibration)."""
@@ -190,6 +193,8 @@ def worker(args) -> int:
     if rank == 0:
         after = kv.stats()["servers"]
         result["servers"] = [{"cpu_s": a["cpu_s"] - b["cpu_s"],
+                              **{name: a[name] - b[name] for name in RUSAGE_COUNTS if name in a},
+                              "optimizer_cpu_s": a["optimizer_cpu_s"] - b["optimizer_cpu_s"],
                               "messages": a["messages"] - b["messages"],
                               "updates": a["updates"] - b["updates"]}
                              for a, b in zip(after, before)]

@@ -908,6 +908,7 @@ class Server:
             pool = groups[0].policy.pool
             self.optimizer.tune(pool.lr_scale(), pool.momentum)
         runs = [run for group in groups for run, _, _ in group.runs]
+        cpu0 = time.thread_time()
         if self.optimizer is None:   # the store holds the summed value, as MXNet's servers do
             for run in runs:
                 weight, grad = run.home.numpy("weight"), run.home.numpy("grad")
@@ -920,6 +921,7 @@ class Server:
             self.optimizer.apply_runs(runs)
         if not SYNCHRONOUS_ENGINE:   # sums and replies read and write the memory directly
             mx.nd.waitall()
+        self.metrics.optimizer_cpu_s += time.thread_time() - cpu0
         for group in groups:
             group.version += 1
         self.metrics.updates += blocks

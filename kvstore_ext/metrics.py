@@ -47,6 +47,10 @@ class Histogram:
 class ServerMetrics:
     """Per server: pushes applied and dropped; per worker: staleness and lead at OK."""
 
+    #: what the machine measures (times, memory, the kernel's counts), not what the server
+    #: decided: two servers given the same messages differ in these alone
+    MEASURED = ("uptime_s", "cpu_s", "peak_rss_mb", "optimizer_cpu_s", *RUSAGE_COUNTS)
+
     def __init__(self, rank: int):
         self.rank = rank
         self.started = time.time()

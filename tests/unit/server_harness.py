@@ -5,6 +5,7 @@ every reply, weight and metric.  :func:`install` points the server module at a v
 (use it through pytest's ``monkeypatch``)."""
 import itertools
 import random
+import time
 import types
 
 import mxnet as mx
@@ -34,7 +35,8 @@ def install(monkeypatch) -> Clock:
     CLOCK.t = 1000.0
     monkeypatch.setattr(S, "mx", mx, raising=False)
     monkeypatch.setattr(S, "time", types.SimpleNamespace(monotonic=CLOCK.monotonic,
-                                                        time=lambda: 0.0))
+                                                        time=lambda: 0.0,
+                                                        thread_time=time.thread_time))
     return CLOCK
 
 
@@ -100,7 +102,7 @@ def weights(s):
 
 def metrics(s):
     d = s.metrics.to_dict()
-    out = {k: d[k] for k in d if k not in ("uptime_s", "cpu_s", "peak_rss_mb")}
+    out = {k: d[k] for k in d if k not in ServerMetrics.MEASURED}
     if "dssp" in out:   # wall-clock times depend on when the metrics object was made
         out["dssp"] = {k: ([{f: v for f, v in e.items() if f != "time"} for e in val]
                            if isinstance(val, list) else val) for k, val in out["dssp"].items()}

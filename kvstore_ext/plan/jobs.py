@@ -21,6 +21,9 @@ import time
 
 from ..metrics import RUSAGE_COUNTS
 
+#: what a job reports of each server: the change of these over its timed rounds
+SERVER_COUNTS = ("cpu_s", "optimizer_cpu_s", "messages", "updates", *RUSAGE_COUNTS)
+
 
 def model_shapes(model: str) -> list[tuple[int, ...]]:
     """The trainable arrays' shapes of a Gluon model, in push order, or of ``KxN``: K arrays
@@ -192,11 +195,7 @@ def worker(args) -> int:
               "keys": len(weights), "elements": int(sum(w.size for w in weights))}
     if rank == 0:
         after = kv.stats()["servers"]
-        result["servers"] = [{"cpu_s": a["cpu_s"] - b["cpu_s"],
-                              **{name: a[name] - b[name] for name in RUSAGE_COUNTS if name in a},
-                              "optimizer_cpu_s": a["optimizer_cpu_s"] - b["optimizer_cpu_s"],
-                              "messages": a["messages"] - b["messages"],
-                              "updates": a["updates"] - b["updates"]}
+        result["servers"] = [{name: a[name] - b[name] for name in SERVER_COUNTS}
                              for a, b in zip(after, before)]
     kv.barrier()   # every worker's rounds are done before any reads the servers' clocks again
     with open(args.result.replace("{rank}", str(rank)), "w") as f:

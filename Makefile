@@ -13,7 +13,7 @@ HOROVOD_ENV := HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT
                HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO MAKEFLAGS=-j2
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast demo bench bench-kvstore bench-train bench-targets bench-dssp-policy bench-dcs3gd bench-plan \
+.PHONY: setup test test-fast demo bench bench-kvstore bench-train bench-targets bench-optimizer bench-dssp-policy bench-dcs3gd bench-plan \
         bench-virtual reproduce reproduce-dssp reproduce-psp reproduce-8workers reproduce-virtual clean help
 
 help:
@@ -81,7 +81,7 @@ test-fast: setup
 demo: setup
 	$(PY) scripts/demo.py
 
-bench: bench-kvstore bench-train bench-targets bench-dssp-policy bench-dcs3gd bench-plan bench-virtual
+bench: bench-kvstore bench-train bench-targets bench-optimizer bench-dssp-policy bench-dcs3gd bench-plan bench-virtual
 
 bench-kvstore: setup
 	$(PY) scripts/bench_kvstore.py --trials 3 --out results/bench
@@ -92,6 +92,10 @@ bench-train: setup
 # the speed figures against MXNet's own stores, each beside its target (from the two above)
 bench-targets: setup
 	$(PY) scripts/bench_targets.py --bench results/bench
+
+# the servers' SGD update on MXNet's one-array and multi-tensor kernels, per element
+bench-optimizer: setup
+	$(PY) scripts/bench_optimizer.py --out results/bench
 
 bench-dssp-policy: setup
 	$(PY) scripts/bench_dssp_policy.py

@@ -386,10 +386,11 @@ class ServerOptimizer:
     optimizer.  The servers and the virtual-time trainer (:mod:`kvstore_ext.virtual_training`)
     both apply updates through this one object.
 
-    MXNet's SGD, the optimizer of nearly every job, is run here on MXNet's own multi-tensor
-    kernels (``multi_sgd_update``, ``multi_sgd_mom_update``) with the update counts, learning
-    rates (scheduler and ``lr_mult`` included) and weight decays MXNet's optimizer gives key by
-    key: the same arithmetic per element, in fewer calls.  Blocks held in :class:`FlatArrays`
+    MXNet's SGD, the optimizer of nearly every job, is run here on MXNet's own kernels: the
+    multi-tensor ones (``multi_sgd_update``, ``multi_sgd_mom_update``), and with momentum the
+    one-array ``sgd_mom_update`` for a long array, with the update counts, learning rates
+    (scheduler and ``lr_mult`` included) and weight decays MXNet's optimizer gives key by key:
+    the same bits, in fewer calls.  Blocks held in :class:`FlatArrays`
     (a server's) are updated a run at a time: one kernel array for all the adjacent keys that
     share their rates, their momentum kept in the same flat storage.  Other optimizers go
     through MXNet's Updater.

@@ -197,6 +197,8 @@ def worker(args) -> int:
         after = kv.stats()["servers"]
         result["servers"] = [{name: a[name] - b[name] for name in SERVER_COUNTS}
                              for a, b in zip(after, before)]
+        for server, a in zip(result["servers"], after):
+            server["groups"] = a["groups"]   # at the end (a level, not a change)
     kv.barrier()   # every worker's rounds are done before any reads the servers' clocks again
     with open(args.result.replace("{rank}", str(rank)), "w") as f:
         json.dump(result, f)

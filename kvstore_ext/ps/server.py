@@ -999,6 +999,9 @@ class Server:
     def stats(self) -> dict:
         out = self.metrics.to_dict()
         out["blocks"] = len(self.slots)   # blocks of keys this server holds
+        # the sets of blocks one policy decides for: a push naming only some of a set splits
+        # it for good, and each set costs its own policy call, sums and kernel calls a push
+        out["groups"] = len(self.groups)
         # messages refused before they were served, by reason (unauthenticated, replayed,
         # misaddressed, oversized), and authenticated ones that did not fit the schema
         out["rejected"] = {**self.codec.rejected, "malformed": self.malformed}

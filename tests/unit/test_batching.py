@@ -2,7 +2,7 @@
 import threading
 import time
 
-from kvstore_ext.ps.batching import QUIET, Coalescer
+from kvstore_ext.ps.batching import HOLD_AT_MOST, QUIET, CallerProbe, Coalescer
 
 
 def plan(key, server=0):
@@ -67,3 +67,73 @@ def test_a_failed_send_releases_every_waiting_call():
     b = c.add("pushpull", 0, plan(0))
     c.flush()
     assert b.sent.is_set() and isinstance(b.error, ConnectionError)
+
+
+def test_a_caller_still_at_work_keeps_its_batch_open_until_it_blocks():
+    """A caller that stops calling but keeps running (what a thread preempted in the middle of
+    a step looks like from the waiter: not blocked) keeps its batch open well past QUIET; once
+    it blocks, the batch goes within a few looks.  Real threads, the real probe (/proc)."""
+    c, sent = make()
+    stop_spinning, blocked = threading.Event(), threading.Event()
+    batch = []
+
+    def caller():
+        batch.append(c.add("pushpull", 0, plan(0)))
+        c.add("pushpull", 1, plan(1))
+        while not stop_spinning.is_set():   # at work, no calls
+            sum(range(1000))
+        blocked.set()
+        batch[0].sent.wait(10)               # blocked on the values, as the engine would be
+
+    t = threading.Thread(target=caller)
+    t.start()
+    while not batch:
+        time.sleep(0.001)
+    waiter = threading.Thread(target=c.wait_sent, args=(batch[0],))
+    waiter.start()
+    time.sleep(HOLD_AT_MOST / 2)
+    assert sent == [] and waiter.is_alive()   # the caller is at work: no cut batch
+    stop_spinning.set()
+    blocked.wait(5)
+    t0 = time.monotonic()
+    waiter.join(timeout=5)
+    t.join(timeout=5)
+    assert not waiter.is_alive() and sent == [("pushpull", [0, 1])]
+    assert time.monotonic() - t0 < 0.5
+
+
+def test_the_probe_counts_the_waiting_thread_and_a_gone_thread_as_stopped():
+    probe = CallerProbe()
+    assert not probe.at_work()                # no call yet
+    probe.called()
+    assert not probe.at_work()                # the caller is the thread that waits
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (probe.called(), done.set()))
+    t.start()
+    t.join()
+    deadline = time.monotonic() + 2           # the OS thread may still be on its way out
+    while probe.at_work() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert done.is_set() and not probe.at_work()   # the caller's thread has ended
+
+
+def test_a_caller_that_never_stops_cannot_hold_its_batch_for_ever():
+    c, sent = make()
+    stop = threading.Event()
+    batch = []
+
+    def caller():
+        batch.append(c.add("pushpull", 0, plan(0)))
+        while not stop.is_set():             # at work, and never blocks
+            sum(range(1000))
+
+    t = threading.Thread(target=caller)
+    t0 = time.monotonic()                     # before the call: the hold counts from it
+    t.start()
+    while not batch:
+        time.sleep(0.001)
+    c.wait_sent(batch[0])
+    waited = time.monotonic() - t0
+    stop.set()
+    t.join(timeout=5)
+    assert sent == [("pushpull", [0])] and HOLD_AT_MOST <= waited < HOLD_AT_MOST + 1.0

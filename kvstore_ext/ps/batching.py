@@ -21,6 +21,7 @@ Everything here is plain logic: the store gives it MXNet's arrays and engine.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -201,13 +202,18 @@ class Batch:
 
 class CallerProbe:
     """Whether the thread that made the last call is still at work (Linux's ``/proc``): on a
-    core or waiting for one, or it has run since the last look.  A thread that is neither is
-    blocked, most likely on the values of the batch it filled; one that cannot be read (gone,
-    or no ``/proc``) counts as blocked, which sends the batch as before."""
+    core or waiting for one, or it ran less than ``stopped_after`` seconds ago.  A thread
+    that is neither is blocked, most likely on the values of the batch it filled; one that
+    cannot be read (gone, or no ``/proc``) counts as blocked, which sends the batch as
+    before.  A thread waiting for the GIL looks blocked too, for up to Python's switch
+    interval: ``stopped_after`` is twice that, so that such a wait does not count."""
 
-    def __init__(self):
+    def __init__(self, stopped_after=None, clock=time.monotonic):
         self.thread = None           # native id of the thread that made the last call
-        self._seen = (None, None)    # (thread, its CPU nanoseconds) at the last look
+        self.stopped_after = 2 * sys.getswitchinterval() if stopped_after is None \
+            else stopped_after
+        self._clock = clock
+        self._seen = (None, None, 0.0)   # (thread, its CPU nanoseconds, when they changed)
 
     def called(self) -> None:
         self.thread = threading.get_native_id()
@@ -223,10 +229,12 @@ class CallerProbe:
                 ran = int(f.read().split()[0])
         except (OSError, IndexError, ValueError):
             return False
-        seen, self._seen = self._seen, (thread, ran)
-        # a first look has nothing to compare: the caller may be waiting for the GIL that
-        # this look holds; the next one tells
-        return state == b"R" or seen[0] != thread or seen[1] != ran
+        now = self._clock()
+        seen_thread, seen_ran, changed = self._seen
+        if seen_thread != thread or seen_ran != ran:   # it ran since the last look (a first
+            changed = now                              # look counts as just now)
+        self._seen = (thread, ran, changed)
+        return state == b"R" or now - changed < self.stopped_after
 
 
 class Coalescer:

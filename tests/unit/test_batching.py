@@ -137,3 +137,28 @@ def test_a_caller_that_never_stops_cannot_hold_its_batch_for_ever():
     stop.set()
     t.join(timeout=5)
     assert sent == [("pushpull", [0])] and HOLD_AT_MOST <= waited < HOLD_AT_MOST + 1.0
+
+
+def test_a_blocked_caller_counts_as_stopped_only_after_it_has_not_run_for_a_while():
+    """Waiting for the GIL looks like being blocked: the probe waits ``stopped_after`` from
+    the last time it saw the thread run (the clock is the test's; the thread and /proc real)."""
+    now = [0.0]
+    probe = CallerProbe(stopped_after=0.01, clock=lambda: now[0])
+    release, ready = threading.Event(), threading.Event()
+
+    def caller():
+        probe.called()
+        ready.set()
+        release.wait(10)                      # blocked
+
+    t = threading.Thread(target=caller)
+    t.start()
+    ready.wait(5)
+    time.sleep(0.05)                          # let it reach the wait
+    assert probe.at_work()                    # first look: it ran just now, as far as it knows
+    now[0] += 0.005
+    assert probe.at_work()                    # not run since, but not for long
+    now[0] += 0.006
+    assert not probe.at_work()                # 11 ms without running: stopped
+    release.set()
+    t.join(timeout=5)

@@ -10,9 +10,9 @@ needs the store, or, as a backstop, when an engine operation waits for a
 batch that nobody sent, no call has joined it for ``QUIET`` seconds and the
 thread making the calls has stopped (:class:`CallerProbe`).  A batch cut short
 is not only a message more: every server splits the groups of keys the cut
-parts, for good, and pays per group at every later push (a 4 x 2 ResNet-20
-job whose callers were preempted mid-step cost its servers 1.6 times the CPU
-per push), so a caller that is only waiting for a core keeps its batch open.
+parts, for good, and pays per group at every later push (ResNet-20's shapes at
+4 x 2 and 8 x 2, callers preempted mid-step: 1.4-1.5 times the servers' CPU,
+docs/performance.md), so a caller only waiting for a core keeps its batch open.
 
 The gradients of a round are copied into one :class:`Staging` buffer, checked
 only when their arrays change (:class:`CheckedArrays`), and the replies are

@@ -46,6 +46,10 @@ MAX_FRAMES = "KVX_MAX_FRAMES"
 CURVE = "KVX_CURVE"
 SERVER_MALLOC = "KVX_SERVER_MALLOC"   # "default": servers leave malloc's thresholds (ps.heap)
 
+#: how a server computes unless its environment says otherwise: updates run inline on small
+#: arrays, and MXNet's threaded engine and OpenMP's threads only add latency there
+SERVER_COMPUTE_DEFAULTS = {"MXNET_ENGINE_TYPE": "NaiveEngine", "OMP_NUM_THREADS": "1"}
+
 
 def params_from_env() -> dict:
     """Store parameters given to the whole job by ``launch.py --kv-param`` (JSON)."""

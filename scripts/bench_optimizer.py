@@ -21,6 +21,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
 
+def _module(path: str):
+    """One of the package's files loaded alone, without ``kvstore_ext/__init__``."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_" + os.path.basename(path)[:-3],
+                                                  os.path.join(HERE, "..", path))
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,9 +72,8 @@ def optimizer(alone: bool):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not args.any_env:   # as kvstore_ext.ps.server sets them
-        os.environ["MXNET_ENGINE_TYPE"] = "NaiveEngine"
-        os.environ["OMP_NUM_THREADS"] = "1"
+    if not args.any_env:   # as the servers set them, before mxnet is loaded (the package loads it)
+        os.environ.update(_module("kvstore_ext/jobenv.py").SERVER_COMPUTE_DEFAULTS)
     import mxnet as mx
     import numpy as np
     from kvstore_ext.plan.timing import sample

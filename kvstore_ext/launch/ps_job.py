@@ -102,8 +102,8 @@ class Job:
         env.update(store_env(a))
         if role == "server":
             env.update(self.fault_env)
-            env.setdefault("MXNET_ENGINE_TYPE", "NaiveEngine")
-            env.setdefault("OMP_NUM_THREADS", "1")
+            for var, value in jobenv.SERVER_COMPUTE_DEFAULTS.items():
+                env.setdefault(var, value)
         return env
 
     def plan(self, sched_port: int) -> list[Node]:

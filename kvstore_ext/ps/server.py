@@ -1030,9 +1030,8 @@ def main(argv=None) -> int:
     global mx, SYNCHRONOUS_ENGINE
     logging.basicConfig(level=logging.INFO, format="[kvstore_ext server] %(message)s")
     fixed_malloc = keep_freed_buffers()
-    # Updates run inline on small arrays: the threaded engine only adds latency here.
-    os.environ.setdefault("MXNET_ENGINE_TYPE", "NaiveEngine")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    for var, value in jobenv.SERVER_COMPUTE_DEFAULTS.items():
+        os.environ.setdefault(var, value)
     for var in ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT"):
         os.environ.pop(var, None)   # never become an MXNet ps-lite node by accident
     import mxnet

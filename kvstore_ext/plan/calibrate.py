@@ -34,6 +34,7 @@ import time
 import numpy as np
 
 from .dcs3gd_jobs import worker_env as horovod_worker_env
+from .jobs import ENV_SHOWN
 from .model import BYTES_PER_PARAM
 from .timing import timed, trimmed_mean
 
@@ -75,7 +76,8 @@ def measure_compute(model: str, batch_sizes=(8, 16, 32, 64, 128), passes: int = 
     per batch size, the sizes taken in turn so that drift spreads over all of them, each
     process's ``reps`` interleaved passes summarised by their trimmed mean, and the processes'
     without the highest and lowest (the median of three).  ``env``: the processes'
-    environment (this one's if None)."""
+    environment (this one's if None); ``"environment"`` in the result is the part of it that
+    sets how MXNet computes, as the timing processes saw it."""
     from .jobs import run_layer_times
     from ..devices import MODELS as MACS
     runs = {b: [] for b in batch_sizes}
@@ -106,11 +108,7 @@ def measure_compute(model: str, batch_sizes=(8, 16, 32, 64, 128), passes: int = 
             "macs_per_sample": macs, "achieved_flops": flops,
             "activation_elements_per_sample":
                 runs[batch_sizes[0]][0]["activation_elements_per_sample"],
-            "environment": {k: v for k, v in (env or {}).items() if k in ENV_SHOWN}}
-
-
-#: the variables that set how MXNet computes on a CPU, kept beside a compute measurement
-ENV_SHOWN = ("OMP_NUM_THREADS", "MXNET_MKLDNN_ENABLED", "MXNET_ENGINE_TYPE")
+            "environment": runs[batch_sizes[0]][0]["environment"]}
 
 
 _PROBE = r"""

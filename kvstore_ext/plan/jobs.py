@@ -21,6 +21,9 @@ import time
 
 from ..metrics import RUSAGE_COUNTS
 
+#: the variables that set how MXNet computes on a CPU, reported beside a compute measurement
+ENV_SHOWN = ("OMP_NUM_THREADS", "MXNET_MKLDNN_ENABLED", "MXNET_ENGINE_TYPE")
+
 #: what a job reports of each server: the change of these over its timed rounds
 SERVER_COUNTS = ("cpu_s", "optimizer_cpu_s", "messages", "updates", *RUSAGE_COUNTS)
 
@@ -104,7 +107,9 @@ def layer_times(args) -> int:
     with open(args.result, "w") as f:
         json.dump({"model": args.model, "batch_size": b, "whole": seconds.pop("whole"),
                    "layers": [seconds[i] for i in range(len(names))], "names": names,
-                   "activation_elements_per_sample": activations}, f)
+                   "activation_elements_per_sample": activations,
+                   # as this process saw them: what the timing ran under, not what was asked
+                   "environment": {k: os.environ[k] for k in ENV_SHOWN if k in os.environ}}, f)
     return 0
 
 

@@ -41,12 +41,19 @@ def test_calibration_measures_every_coefficient(calibration):
     assert c["interference"]["2"] == pytest.approx(sum(row["together"]) / sum(row["alone"]))
     assert data["profiles"]["lenet"]["key_sizes"] == [500, 20, 25000, 50, 400000, 500, 5000, 10]
     assert data["compute"]["lenet"]["fit"]["per_sample"] > 0
-    # the Horovod stores' workers compute with MXNet's own kernels (MKL-DNN off, as launch.py
-    # starts them): measured so, and slower here than with MKL-DNN
+    # the Horovod stores' workers compute with MXNet's own kernels (MKL-DNN off, one thread, as
+    # launch.py starts them): the timing processes ran so (each reports what it saw), and the
+    # profiles take that line.  Which is faster is the machine's: 1.6x slower in a full
+    # calibration here, but a quick one's single pass, under a loaded host, once had MKL-DNN's
+    # two OpenMP threads 2.4x slower than usual and the ratio at 1.14.
     horovod = data["compute_horovod"]["lenet"]
     assert horovod["environment"]["MXNET_MKLDNN_ENABLED"] == "0"
+    assert horovod["environment"]["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS", "1")
+    assert data["compute"]["lenet"]["environment"].get("MXNET_MKLDNN_ENABLED") == \
+        os.environ.get("MXNET_MKLDNN_ENABLED")   # the other line: this environment's kernels
     prof = data["profiles"]["lenet"]
-    assert prof["horovod_compute_per_sample"] > 1.2 * prof["compute_per_sample"]
+    assert prof["horovod_compute_per_sample"] == horovod["fit"]["per_sample"] > 0
+    assert prof["compute_per_sample"] == data["compute"]["lenet"]["fit"]["per_sample"] > 0
     assert set(c["horovod_interference"]) == {"1", "2"}
     assert {row["fit"] for row in data["fits"]} >= {"wire", "optimizer", "worker runtime",
                                                     "server runtime", "compute lenet"}

@@ -1,8 +1,12 @@
-"""launch.py's command line: help, dry runs for every launcher, argument errors."""
+"""launch.py's command line: help, dry runs for every launcher, argument errors, the
+environments it gives the nodes."""
 import subprocess
 import sys
 
 from conftest import LAUNCH, ROOT
+from kvstore_ext import jobenv
+from kvstore_ext.launch import build_parser
+from kvstore_ext.launch.ps_job import Job
 
 
 def launch(*args, input=None):
@@ -54,3 +58,25 @@ def test_bad_arguments_are_explained():
     assert r.returncode != 0 and "NAME=VALUE" in r.stdout
     r = launch("-n", "0", "python", "t.py")
     assert r.returncode != 0 and "-n must be at least 1" in r.stdout
+
+
+def test_servers_compute_as_jobenv_says_unless_told_otherwise(monkeypatch):
+    """A server runs MXNet's naive engine on one OpenMP thread (jobenv.SERVER_COMPUTE_DEFAULTS);
+    a value the user gives, for the servers or in the shell, wins; workers are left alone."""
+    for var in jobenv.SERVER_COMPUTE_DEFAULTS:
+        monkeypatch.delenv(var, raising=False)
+    def plan(*options):
+        args = build_parser().parse_args(["-n", "2", "-s", "2", *options, "python", "x.py"])
+        nodes = Job(args).plan(1234)
+        return ([n.env for n in nodes if n.name.startswith("server")],
+                [n.env for n in nodes if n.name.startswith("worker")])
+    servers, workers = plan()
+    assert len(servers) == 2 and all(
+        env[var] == value for env in servers for var, value in jobenv.SERVER_COMPUTE_DEFAULTS.items())
+    assert all(var not in env for env in workers for var in jobenv.SERVER_COMPUTE_DEFAULTS)
+    servers, _ = plan("--env-server", "OMP_NUM_THREADS:4")
+    assert all(env["OMP_NUM_THREADS"] == "4" and env["MXNET_ENGINE_TYPE"] == "NaiveEngine"
+               for env in servers)
+    monkeypatch.setenv("MXNET_ENGINE_TYPE", "ThreadedEnginePerDevice")
+    servers, workers = plan()
+    assert all(env["MXNET_ENGINE_TYPE"] == "ThreadedEnginePerDevice" for env in servers + workers)

@@ -92,24 +92,3 @@ def test_stretch_rule_is_shared_with_the_simulator():
     assert all(n <= 200 for n in result.iterations.values())
     assert sum(result.iterations.values()) > 200     # but the jitter does not stop them
 
-
-def test_servers_compute_as_jobenv_says_unless_told_otherwise(monkeypatch):
-    """A server runs MXNet's naive engine on one OpenMP thread (jobenv.SERVER_COMPUTE_DEFAULTS);
-    a value the user gives, for the servers or in the shell, wins; workers are left alone."""
-    for var in jobenv.SERVER_COMPUTE_DEFAULTS:
-        monkeypatch.delenv(var, raising=False)
-    def plan(*options):
-        args = build_parser().parse_args(["-n", "2", "-s", "2", *options, "python", "x.py"])
-        nodes = Job(args).plan(1234)
-        return ([n.env for n in nodes if n.name.startswith("server")],
-                [n.env for n in nodes if n.name.startswith("worker")])
-    servers, workers = plan()
-    assert len(servers) == 2 and all(
-        env[var] == value for env in servers for var, value in jobenv.SERVER_COMPUTE_DEFAULTS.items())
-    assert all(var not in env for env in workers for var in jobenv.SERVER_COMPUTE_DEFAULTS)
-    servers, _ = plan("--env-server", "OMP_NUM_THREADS:4")
-    assert all(env["OMP_NUM_THREADS"] == "4" and env["MXNET_ENGINE_TYPE"] == "NaiveEngine"
-               for env in servers)
-    monkeypatch.setenv("MXNET_ENGINE_TYPE", "ThreadedEnginePerDevice")
-    servers, workers = plan()
-    assert all(env["MXNET_ENGINE_TYPE"] == "ThreadedEnginePerDevice" for env in servers + workers)

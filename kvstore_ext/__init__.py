@@ -58,14 +58,15 @@ def __getattr__(name):
 def _register_with_mxnet() -> None:
     import os
     import sys
-    if os.environ.get("KVX_ROLE") in ("server", "scheduler"):
-        return   # those processes choose MXNet's engine before they import it
+    from .jobenv import ROLE, WITHOUT_MXNET
+    if os.environ.get(ROLE) in WITHOUT_MXNET:
+        return   # a server chooses MXNet's engine before it imports it; the others never do
     if "mxnet" in sys.modules or _importable("mxnet"):
         from . import mxnet_compat  # noqa: F401  (Trainer's async rule, create()'s guard)
         from . import optimizers  # noqa: F401  ('adadelay', 'adaptiverevision', 'dcasgda', ...)
         runtimes = {registry.PS: _importable("zmq"), registry.HOROVOD: _importable("horovod")}
         registry.on_register(lambda row: _file_with_mxnet(row, runtimes[row.backend]))
-        if os.environ.get("KVX_ROLE") == "worker" or "HOROVOD_RANK" in os.environ:
+        if os.environ.get(ROLE) == "worker" or "HOROVOD_RANK" in os.environ:
             # A worker of a job that crashes in native code shows every thread's Python stack
             # before MXNet's own "Segmentation fault" message (its handler, installed when mxnet
             # was imported, still runs after this one).

@@ -1,16 +1,18 @@
 """The exceptions a worker sees: one class per cause.
 
 They derive from MXNet's ``MXNetError`` (as MXNet's own stores raise it), except
-in a server or scheduler process: those choose MXNet's engine before importing
-it, and never raise these to a user.
+in a server, scheduler or launcher process (``jobenv.WITHOUT_MXNET``): those do not
+import mxnet with the package, and never raise these to a user.
 """
 from __future__ import annotations
 
 import os
 
+from .jobenv import ROLE, WITHOUT_MXNET
+
 
 def _base() -> type:
-    if os.environ.get("KVX_ROLE") in ("server", "scheduler"):
+    if os.environ.get(ROLE) in WITHOUT_MXNET:
         return RuntimeError
     try:
         from mxnet.base import MXNetError

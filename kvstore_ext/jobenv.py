@@ -35,6 +35,10 @@ DEVICE_MODEL = "KVX_DEVICE_MODEL"    # the model a device profile is timed on
 DEVICE_BATCH = "KVX_DEVICE_BATCH"    # its batch size (default: the training script's)
 STRAGGLER_PATTERNS = "KVX_STRAGGLER_PATTERNS"   # ";"-joined devices.parse_pattern specs
 
+#: roles whose processes import the package without mxnet: a server chooses MXNet's engine
+#: before it imports it; the scheduler and the launcher never use it (2 s saved per job)
+WITHOUT_MXNET = ("server", "scheduler", "launcher")
+
 #: what makes a process a node of one particular job (never inherited by a new job)
 IDENTITY_VARIABLES = (ROLE, SCHEDULER_HOST, SCHEDULER_PORT, NUM_WORKER, NUM_SERVER, SECRET,
                       NODE_HOST, WORKER_RANK)

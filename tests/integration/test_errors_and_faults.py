@@ -2,6 +2,7 @@
 import os
 import re
 import signal
+import sys
 import time
 
 import pytest
@@ -91,3 +92,26 @@ def test_launcher_ctrl_c_leaves_no_process(jobs, tmp_path):
     code = job.wait(30)
     assert code == 128 + signal.SIGINT, job.output
     assert wait_until(lambda: not job_processes_left(marker), 10), job_processes_left(marker)
+
+
+#: what a worker of a job sees: its role, and whether the errors are MXNet's
+ROLE_PROBE = ("import os, mxnet, kvstore_ext; "
+              "print('probe:', os.environ.get('KVX_ROLE'), "
+              "issubclass(kvstore_ext.KVStoreError, mxnet.base.MXNetError), flush=True)")
+
+
+@pytest.mark.parametrize("options,role", [(["-s", "1", "--launcher", "local"], "worker"),
+                                          (["--launcher", "horovod"], "None")])
+def test_the_launcher_loads_no_mxnet_and_no_node_takes_its_role(jobs, options, role):
+    """The launcher only starts processes: loading mxnet cost every job about 2 s before any
+    node started.  Its role must stay its own: a worker that took it would not register the
+    stores, and its errors would not be MXNet's."""
+    from conftest import LAUNCH
+    job = jobs([sys.executable, "-X", "importtime", LAUNCH, "-n", "1", *options,
+                sys.executable, "-c", ROLE_PROBE])
+    code = job.wait(120)
+    assert code == 0, job.output[-4000:]
+    launcher_imports = [l for l in job.output.splitlines() if l.startswith("import time:")]
+    assert any("kvstore_ext.launch" in l for l in launcher_imports), job.output[-4000:]
+    assert not [l for l in launcher_imports if "mxnet" in l]
+    assert f"probe: {role} True" in job.output, job.output[-4000:]

@@ -35,9 +35,12 @@ DEVICE_MODEL = "KVX_DEVICE_MODEL"    # the model a device profile is timed on
 DEVICE_BATCH = "KVX_DEVICE_BATCH"    # its batch size (default: the training script's)
 STRAGGLER_PATTERNS = "KVX_STRAGGLER_PATTERNS"   # ";"-joined devices.parse_pattern specs
 
+#: the role a launcher process (launch.py) imports the package in; it drops the role before
+#: it starts any process
+LAUNCHER = "launcher"
 #: roles whose processes import the package without mxnet: a server chooses MXNet's engine
 #: before it imports it; the scheduler and the launcher never use it (2 s saved per job)
-WITHOUT_MXNET = ("server", "scheduler", "launcher")
+WITHOUT_MXNET = ("server", "scheduler", LAUNCHER)
 
 #: what makes a process a node of one particular job (never inherited by a new job)
 IDENTITY_VARIABLES = (ROLE, SCHEDULER_HOST, SCHEDULER_PORT, NUM_WORKER, NUM_SERVER, SECRET,

@@ -7,11 +7,18 @@ length runs from the last update handed to it to the last sum back.
 Overlap = 1 − wait / length, over the rounds measured.
 
 Timestamps come from engine probes, which cost a Python callback each, so only
-every ``every``-th round is measured; totals are estimated from the mean.
+every ``every``-th round is measured; totals are estimated from the mean.  Medians
+are reported beside the means: on a host whose cores the allreduce shares with the
+computation, a few stalled rounds can lift the means well above a typical round.
 """
 from __future__ import annotations
 
+import statistics
 import threading
+from collections import deque
+
+#: the measured rounds whose times are kept for the medians (a bound on memory)
+KEPT_ROUNDS = 10_000
 
 
 class OverlapMeter:
@@ -26,6 +33,7 @@ class OverlapMeter:
         self.measured = 0
         self.first = None     # (step, time) of the first measured gradients
         self.last = None
+        self.closed: deque = deque(maxlen=KEPT_ROUNDS)   # (round, start, length, wait)
 
     def measures_round(self, r: int) -> bool:
         return r >= 0 and r % self.every == 0
@@ -69,8 +77,10 @@ class OverlapMeter:
         n = self.keys_per_step.get(r)   # the same keys are pushed every step
         if not n or min(rec["n_start"], rec["n_done"], rec["n_grad"]) < n:
             return
-        self.wait_s += max(0.0, rec["done"] - rec["grad"])
-        self.length_s += max(0.0, rec["done"] - rec["start"])
+        wait, length = max(0.0, rec["done"] - rec["grad"]), max(0.0, rec["done"] - rec["start"])
+        self.wait_s += wait
+        self.length_s += length
+        self.closed.append((r, rec["start"], length, wait))
         self.measured += 1
         del self.rounds[r]
         self.keys_per_step.pop(r, None)
@@ -83,12 +93,23 @@ class OverlapMeter:
             mean_wait = self.wait_s / self.measured if self.measured else 0.0
             mean_len = self.length_s / self.measured if self.measured else 0.0
             overlap = 1.0 - self.wait_s / self.length_s if self.length_s > 0 else None
+            rounds = sorted(self.closed)
+            # a round's start to the next one's, where both were measured (every round, with
+            # measure_every 1): the iteration as the allreduce sees it
+            intervals = [b[1] - a[1] for a, b in zip(rounds, rounds[1:]) if b[0] == a[0] + 1]
             wait_total = mean_wait * iterations
             compute_total = max(0.0, (period or 0.0) * iterations - wait_total)
             return {"measured_rounds": self.measured, "measure_every": self.every,
                     "iteration_time_s": period,
                     "allreduce_time_s": mean_len, "allreduce_wait_s": mean_wait,
+                    "allreduce_time_median_s": _median([x[2] for x in rounds]),
+                    "allreduce_wait_median_s": _median([x[3] for x in rounds]),
+                    "iteration_time_median_s": _median(intervals),
                     "overlap": None if overlap is None else min(1.0, max(0.0, overlap)),
                     "wait_time_s": wait_total, "compute_time_s": compute_total,
                     "wait_share": wait_total / (wait_total + compute_total)
                     if wait_total + compute_total > 0 else 0.0}
+
+
+def _median(values):
+    return statistics.median(values) if values else None

@@ -7,6 +7,7 @@ launcher runs a parameter-server job (:mod:`.ps_job`).
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import subprocess
 import sys
@@ -158,11 +159,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    # The launcher's role only kept mxnet out of this process's import of the package
+    # (jobenv.WITHOUT_MXNET); no process it starts may inherit it.
+    if os.environ.get(jobenv.ROLE) == jobenv.LAUNCHER:
+        del os.environ[jobenv.ROLE]
     args = build_parser().parse_args(argv)
     if args.launcher == "horovod":
         from .horovod_job import run as run_horovod   # imports horovod's runner
         return run_horovod(args)
     return Job(args).run()
+
+
+def launcher_env() -> dict:
+    """This process's environment, for a launcher process: in the launcher's role."""
+    return {**os.environ, jobenv.ROLE: jobenv.LAUNCHER}
 
 
 def run_local_job(workers: int, servers: int, command: list[str], options=(), timeout=1800,
@@ -173,7 +183,7 @@ def run_local_job(workers: int, servers: int, command: list[str], options=(), ti
     """
     argv = [sys.executable, "-m", "kvstore_ext.launch", "-n", str(workers), "-s", str(servers),
             "--launcher", "local", "--timeout", str(timeout), *options, *command]
-    proc = subprocess.run(argv, stdout=subprocess.PIPE if quiet else None,
+    proc = subprocess.run(argv, env=launcher_env(), stdout=subprocess.PIPE if quiet else None,
                           stderr=subprocess.STDOUT if quiet else None, text=True)
     if proc.returncode != 0:
         tail = (proc.stdout or "")[-3000:]

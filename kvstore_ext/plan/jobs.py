@@ -254,12 +254,14 @@ def run_allreduce_job(workers: int = 2, rounds: int = 30, timeout: float = 300) 
     spends per allreduce, the workers' mean (``"cpu_s"``)."""
     import subprocess
     import tempfile
+    from ..launch.cli import launcher_env
     with tempfile.TemporaryDirectory(prefix="kvx-plan-") as tmp:
         result = os.path.join(tmp, "a-{rank}.json")
         argv = [sys.executable, "-m", "kvstore_ext.launch", "-n", str(workers), "--launcher",
                 "horovod", "--timeout", str(int(timeout)), sys.executable, "-m",
                 "kvstore_ext.plan.jobs", "--allreduce", "--rounds", str(rounds), "--result", result]
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.run(argv, env=launcher_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"the allreduce calibration job failed ({proc.returncode}):\n"
                                f"{proc.stdout[-3000:]}")

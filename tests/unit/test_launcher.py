@@ -1,5 +1,6 @@
 """launch.py's command line: help, dry runs for every launcher, argument errors, the
 environments it gives the nodes."""
+import os
 import subprocess
 import sys
 
@@ -80,3 +81,15 @@ def test_servers_compute_as_jobenv_says_unless_told_otherwise(monkeypatch):
     monkeypatch.setenv("MXNET_ENGINE_TYPE", "ThreadedEnginePerDevice")
     servers, workers = plan()
     assert all(env["MXNET_ENGINE_TYPE"] == "ThreadedEnginePerDevice" for env in servers + workers)
+
+
+def test_the_launchers_role_ends_with_its_import(monkeypatch, capsys):
+    """A launcher imports the package in its own role (no mxnet); main() drops the role, so
+    that no node it starts (horovodrun passes its whole environment on) could inherit it."""
+    from kvstore_ext.launch.cli import launcher_env, main
+    assert launcher_env()[jobenv.ROLE] == jobenv.LAUNCHER
+    assert jobenv.LAUNCHER in jobenv.WITHOUT_MXNET
+    monkeypatch.setenv(jobenv.ROLE, jobenv.LAUNCHER)
+    assert main(["-n", "1", "-s", "1", "--dry-run", "python", "train.py"]) == 0
+    assert jobenv.ROLE not in os.environ
+    assert "worker 0:" in capsys.readouterr().out

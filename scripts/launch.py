@@ -5,11 +5,10 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-# The launcher only starts processes: in its role (kvstore_ext.jobenv.LAUNCHER) the package
-# does not load mxnet, about 2 s of every job.  main() drops the role before it starts any.
-os.environ["KVX_ROLE"] = "launcher"
-
-from kvstore_ext.launch import main  # noqa: E402
-
 if __name__ == "__main__":
+    # The launcher only starts processes: in its role (kvstore_ext.jobenv.LAUNCHER) the
+    # package does not load mxnet, about 2 s of every job.  main() drops the role before it
+    # starts any.
+    os.environ["KVX_ROLE"] = "launcher"
+    from kvstore_ext.launch import main
     sys.exit(main())

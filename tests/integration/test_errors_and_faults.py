@@ -104,8 +104,9 @@ ROLE_PROBE = ("import os, mxnet, kvstore_ext; "
                                           (["--launcher", "horovod"], "None")])
 def test_the_launcher_loads_no_mxnet_and_no_node_takes_its_role(jobs, options, role):
     """The launcher only starts processes: loading mxnet cost every job about 2 s before any
-    node started.  Its role must stay its own: a worker that took it would not register the
-    stores, and its errors would not be MXNet's."""
+    node started.  A worker must still come up in its own role, registering the stores with
+    MXNet's error classes (the jobs' environments drop identity variables, so this holds even
+    if the launcher kept its role; that main() drops it is test_launcher's unit test)."""
     from conftest import LAUNCH
     job = jobs([sys.executable, "-X", "importtime", LAUNCH, "-n", "1", *options,
                 sys.executable, "-c", ROLE_PROBE])

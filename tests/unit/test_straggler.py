@@ -91,4 +91,3 @@ def test_stretch_rule_is_shared_with_the_simulator():
     result = simulate("dist_asp", {}, [1.0, 1.0], 200.0, jitter=0.9, seed=1)
     assert all(n <= 200 for n in result.iterations.values())
     assert sum(result.iterations.values()) > 200     # but the jitter does not stop them
-

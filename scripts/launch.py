@@ -6,9 +6,5 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 if __name__ == "__main__":
-    # The launcher only starts processes: in its role (kvstore_ext.jobenv.LAUNCHER) the
-    # package does not load mxnet, about 2 s of every job.  main() drops the role before it
-    # starts any.
-    os.environ["KVX_ROLE"] = "launcher"
-    from kvstore_ext.launch import main
+    from kvstore_ext_launch import main   # the launcher's role before the package's import
     sys.exit(main())

@@ -247,6 +247,7 @@ def test_wheel_holds_every_package_module_and_command(installed):
     for sub in ("ps", "policies", "plan", "simulate", "launch", "horovod"):
         assert f"kvstore_ext/{sub}/__init__.py" in names
     assert "gluon_trainers/__init__.py" in names
+    assert "kvstore_ext_launch.py" in names     # kvstore-launch's module, outside the package
     assert not any(n.startswith(("tests/", "scripts/", "configs/")) for n in names)
     for command in COMMANDS:
         assert re.search(rf"^{command} = ", entry_points, re.M), entry_points
@@ -297,8 +298,12 @@ def test_console_commands_and_module_entry_show_their_help(installed, kind):
 def test_installed_launcher_runs_a_dist_bsp_job(installed):
     _, venvs, work = installed
     venv = venvs["wheel"]
-    out = run([venv.bin("kvstore-launch"), "-n", "2", "-s", "1", "--launcher", "local",
-               "--timeout", "100", venv.python, "-c", WORKER], work, 130)
+    # -X importtime lists the launcher's own imports (its nodes do not inherit the flag)
+    out = run([venv.python, "-X", "importtime", venv.bin("kvstore-launch"), "-n", "2", "-s", "1",
+               "--launcher", "local", "--timeout", "100", venv.python, "-c", WORKER], work, 130)
+    launcher_imports = [l for l in out.splitlines() if l.startswith("import time:")]
+    assert any("kvstore_ext.launch" in l for l in launcher_imports), out[-4000:]
+    assert not [l for l in launcher_imports if "mxnet" in l], "the launcher loaded mxnet"
     site = os.path.realpath(os.path.join(venv.path, "lib"))
     for rank in (0, 1):
         found = re.search(rf"worker {rank} pulled 3\.0 from (\S+)", out)

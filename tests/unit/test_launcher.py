@@ -93,3 +93,18 @@ def test_the_launchers_role_ends_with_its_import(monkeypatch, capsys):
     assert main(["-n", "1", "-s", "1", "--dry-run", "python", "train.py"]) == 0
     assert jobenv.ROLE not in os.environ
     assert "worker 0:" in capsys.readouterr().out
+
+
+def test_the_launch_command_loads_no_mxnet():
+    """``kvstore-launch`` (and launch.py) enter through ``kvstore_ext_launch``, which must set
+    the launcher's role, as jobenv spells it, before anything imports the package."""
+    probe = ("import os, sys, kvstore_ext_launch; "
+             "code = kvstore_ext_launch.main(['-n', '1', '-s', '1', '--dry-run', 'python', 't.py']); "
+             "print('mxnet loaded:', 'mxnet' in sys.modules, 'role left:', 'KVX_ROLE' in os.environ); "
+             "sys.exit(code)")
+    env = {k: v for k, v in os.environ.items() if k != jobenv.ROLE}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout
+    assert "worker 0:" in out.stdout
+    assert "mxnet loaded: False role left: False" in out.stdout, out.stdout

@@ -14,8 +14,9 @@ multiplies, and every fit reports its R^2:
 - **wire**: latency and bandwidth of a ZeroMQ round trip over TCP on 127.0.0.1, by size;
 - **optimizer**: MXNet's momentum SGD updater, as the servers call it, per key and per element;
 - **runtime**: real one-worker, one-server ``dist_bsp`` jobs over shape sets that vary keys and
-  bytes apart: the worker's CPU per round and the server's CPU per push (minus the optimizer),
-  each fitted to per message + per key + per byte; beside them, the optimizer's CPU as each
+  bytes apart: the worker's CPU per round fitted to per message + per key + per byte, and the
+  server's CPU per push (minus the optimizer) to those and per frame of its own (an array of
+  ``protocol.OWN_FRAME_BYTES`` or more); beside them, the optimizer's CPU as each
   server timed its own calls, fitted and reported (not used: :func:`fit_runtime`);
 - **allreduce**: Gloo's ring in real 2-worker Horovod jobs, its wall time and its CPU.
 
@@ -35,6 +36,7 @@ import numpy as np
 
 from .dcs3gd_jobs import worker_env as horovod_worker_env
 from .jobs import ENV_SHOWN
+from ..ps.protocol import own_frames
 from .model import BYTES_PER_PARAM
 from .timing import timed, trimmed_mean
 
@@ -291,11 +293,11 @@ def optimizer_seconds(optimizer_fit: dict, keys, params):
 
 #: the runtime jobs' shape sets: real models and synthetic sets that vary keys and bytes apart
 #: (one where each coefficient weighs most: 1x100 the message, 512x16 the key, 1x800000 the
-#: byte), pushes of at most 4 MB: the server then holds a push with its weights, gradients and
+#: byte, 64x16384 the frame: its 4 MB in 64 frames of their own against 16x65536's 16), pushes of at most 4 MB: the server then holds a push with its weights, gradients and
 #: momentum in the 32 MB L3 cache (an 8 MB set's server CPU differed by a quarter between two
 #: calibrations)
-RUNTIME_SETS = ("lenet", "cifar_resnet20_v1", "256x1024", "64x4096", "32x16384", "16x65536",
-                "8x65536", "1x800000", "8x100", "1x100", "512x16")
+RUNTIME_SETS = ("lenet", "cifar_resnet20_v1", "256x1024", "64x4096", "64x16384", "32x16384",
+                "16x65536", "8x65536", "1x800000", "8x100", "1x100", "512x16")
 
 
 def measure_runtime(optimizer_fit: dict, sets=RUNTIME_SETS, rounds: int = 30,
@@ -318,6 +320,7 @@ def measure_runtime(optimizer_fit: dict, sets=RUNTIME_SETS, rounds: int = 30,
         def per_round(of, rs=rs):   # the mean without the highest and lowest job
             return trimmed_mean([of(r) / r["rounds"] for r in rs], drop=1)
         rows.append({"set": name, "keys": keys, "bytes": BYTES_PER_PARAM * elements,
+                     "frames": set_frames(name),
                      "round_s": per_round(lambda r: r["seconds"]),
                      "worker_cpu_s": per_round(lambda r: r["comm_cpu_s"]),
                      "server_cpu_s": per_round(lambda r: r["servers"][0]["cpu_s"]),
@@ -326,10 +329,22 @@ def measure_runtime(optimizer_fit: dict, sets=RUNTIME_SETS, rounds: int = 30,
     return {"jobs": rows, **fit_runtime(rows, optimizer_fit)}
 
 
+def set_frames(name: str) -> int:
+    """How many arrays of a runtime job's shape set travel in frames of their own (one
+    server: every key whole)."""
+    from .jobs import model_shapes
+    return own_frames(BYTES_PER_PARAM * int(np.prod(s)) for s in model_shapes(name))
+
+
 def fit_runtime(rows: list[dict], optimizer_fit: dict) -> dict:
-    """The worker's and the server's CPU per message, key and byte from the runtime jobs; a
-    server's CPU per push is its CPU per round less the optimizer's (``optimizer_fit``, the
-    warm loop's), set in each row as ``server_push_cpu_s``.
+    """The worker's CPU per message, key and byte and the server's per message, key, byte and
+    own frame (``frames``: the arrays of ``protocol.OWN_FRAME_BYTES`` or more) from the runtime
+    jobs; a server's CPU per push is its CPU per round less the optimizer's
+    (``optimizer_fit``, the warm loop's), set in each row as ``server_push_cpu_s``.
+
+    The frame term is what sets apart, at equal bytes and keys, a push of 32 arrays of 64 KB
+    from one of 8 of 256 KB (4.4 against 3.1 ms of server CPU): without it the fit's R^2 was
+    0.90-0.92 (docs/planner.md).
 
     Where the servers timed their own optimizer calls (``server_optimizer_cpu_s``), that cost
     in place is fitted too (``optimizer_in_place_fit``), reported and not used: an element
@@ -341,10 +356,13 @@ def fit_runtime(rows: list[dict], optimizer_fit: dict) -> dict:
     ones = np.ones(len(rows))
     keys = np.array([r["keys"] for r in rows], dtype=float)
     nbytes = np.array([r["bytes"] for r in rows], dtype=float)
-    out = {kind: fit({"msg": ones, "per_key": keys, "per_byte": nbytes},
-                     [r[column] for r in rows], nonnegative=True, relative=True)
-           for kind, column in (("worker_fit", "worker_cpu_s"),
-                                ("server_fit", "server_push_cpu_s"))}
+    frames = np.array([r.get("frames", 0) for r in rows], dtype=float)
+    columns = {"msg": ones, "per_key": keys, "per_byte": nbytes}
+    out = {"worker_fit": fit(columns, [r["worker_cpu_s"] for r in rows], nonnegative=True,
+                             relative=True),
+           "server_fit": fit({**columns, "per_frame": frames},
+                             [r["server_push_cpu_s"] for r in rows], nonnegative=True,
+                             relative=True)}
     if all("server_optimizer_cpu_s" in r for r in rows):
         out["optimizer_in_place_fit"] = fit_optimizer(
             [(r["keys"], r["bytes"] / BYTES_PER_PARAM, r["server_optimizer_cpu_s"]) for r in rows])
@@ -423,6 +441,8 @@ def refit(data: dict) -> dict:
     """``data`` (a calibration) with its fits and coefficients made again from its measured
     points by this version's fitting: two calibrations compare on the same method."""
     out = json.loads(json.dumps(data))
+    for row in out["runtime"]["jobs"]:      # made before the rows counted their own frames
+        row.setdefault("frames", set_frames(row["set"]))
     out["optimizer"]["fit"] = fit_optimizer(out["optimizer"]["points"])
     out["runtime"].update(fit_runtime(out["runtime"]["jobs"], out["optimizer"]["fit"]))
     return with_coefficients(out)
@@ -434,6 +454,7 @@ def with_coefficients(out: dict) -> dict:
     out["coefficients"] = {
         "worker_msg": w["msg"], "worker_key": w["per_key"], "worker_byte": w["per_byte"],
         "server_msg": s["msg"], "server_key": s["per_key"], "server_byte": s["per_byte"],
+        "server_frame": s.get("per_frame", 0.0),
         "opt_call": o.get("per_call", 0.0), "opt_key": o["per_key"], "opt_param": o["per_param"],
         "latency": out["wire"]["latency"], "bandwidth": out["wire"]["bandwidth"],
         "interference": {str(k): v for k, v in out["interference"]["factor"].items()},

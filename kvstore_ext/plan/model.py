@@ -5,7 +5,7 @@ interference of the processes sharing a host (their Eq. 9), plus the time to mov
 weights to and from the parameter servers, which lies between a best case, where a replica
 reads every server in parallel, and a worst case, where all replicas queue at one server
 (Eq. 10-11).  Their servers were free; here a server is one Python process whose CPU time per
-message, per key and per byte is measured (``calibrate``), so the model places the queue where
+message, per key, per byte and per array in a frame of its own is measured (``calibrate``), so the model places the queue where
 it really forms: on the busiest server of the partition MXNet's rule makes.  It adds the
 synchronous store (a round waits for the slowest worker, then for the server to serve every
 worker's push) and, for every process sharing a host of ``cores`` cores, the roofline bound
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..ps.partition import Partitioner
+from ..ps.protocol import OWN_FRAME_BYTES
 
 #: stores the closed form covers; the others are simulated
 CLOSED_FORM = ("dist_bsp", "dist_asp", "dist_ssp", "dist_dssp", "dist_ssgd", "dist_dcs3gd")
@@ -44,9 +45,12 @@ class Costs:
     The worker's CPU per round is ``worker_msg`` per server message plus ``worker_key`` per key
     plus ``worker_byte`` per gradient byte (reading gradients out of MXNet, planning, sealing,
     opening the reply, writing the weights back).  A server's CPU per push message is
-    ``server_msg + server_key * keys + server_byte * bytes`` (opening, checks, the policy,
-    gathering, the reply), and per optimizer application ``opt_call + opt_key * keys +
-    opt_param * params`` (:meth:`apply_seconds`).  A message crosses a link in ``latency + bytes / bandwidth``.  ``interference[k]``
+    ``server_msg + server_key * keys + server_byte * bytes + server_frame * frames`` (opening,
+    checks, the policy, gathering, the reply; ``frames``: the arrays of
+    ``protocol.OWN_FRAME_BYTES`` or more, which travel in frames of their own both ways:
+    :meth:`push_seconds`), and per optimizer application ``opt_call + opt_key * keys +
+    opt_param * params`` (:meth:`apply_seconds`).  A message crosses a link in
+    ``latency + bytes / bandwidth``.  ``interference[k]``
     is the slow-down of one process's compute when k compute at once on one host
     (``horovod_interference[k]`` in the Horovod workers' environment, if measured).  Gloo's
     ring allreduce takes ``allreduce_latency`` per step and ``1 / allreduce_bandwidth`` per
@@ -60,6 +64,7 @@ class Costs:
     server_msg: float = 3e-4
     server_key: float = 3e-5
     server_byte: float = 1e-9
+    server_frame: float = 0.0
     opt_call: float = 0.0
     opt_key: float = 2e-5
     opt_param: float = 2e-9
@@ -78,6 +83,15 @@ class Costs:
         elements in all (arrays or numbers)."""
         return (self.opt_call + self.opt_key * np.asarray(keys, dtype=float)
                 + self.opt_param * np.asarray(params, dtype=float))
+
+    def push_seconds(self, keys, nbytes, frames=0, messages=1):
+        """A server's CPU seconds for ``messages`` push messages carrying ``keys`` keys (blocks)
+        of ``nbytes`` bytes in all, ``frames`` of them in frames of their own (arrays or
+        numbers); a calibration made before the per-frame term has none."""
+        return (self.server_msg * np.asarray(messages, dtype=float)
+                + self.server_key * np.asarray(keys, dtype=float)
+                + self.server_byte * np.asarray(nbytes, dtype=float)
+                + self.server_frame * np.asarray(frames, dtype=float))
 
     def interference_at(self, k, horovod=False):
         """Slow-down at ``k`` concurrent processes (array or number): measured points,
@@ -149,39 +163,49 @@ class ModelProfile:
             line = np.where(np.isin(store, ALLREDUCE), horovod, line)
         return np.maximum(line, 0.0)
 
-    def placement(self, servers: int, bigarray_bound: int = 1_000_000) -> list[tuple[int, int]]:
-        """``(items, elements)`` each server holds, as the workers' partitioner places them:
-        small keys whole on ``key % servers``, keys of ``bigarray_bound`` elements or more
-        cut across every server."""
+    def placement(self, servers: int,
+                  bigarray_bound: int = 1_000_000) -> list[tuple[int, int, int]]:
+        """``(items, elements, frames)`` each server holds, as the workers' partitioner places
+        them: small keys whole on ``key % servers``, keys of ``bigarray_bound`` elements or
+        more cut across every server; ``frames``: the blocks that travel in a frame of their
+        own (``OWN_FRAME_BYTES`` or more)."""
         part = Partitioner(servers, bigarray_bound)
-        held = [[0, 0] for _ in range(servers)]
+        held = [[0, 0, 0] for _ in range(servers)]
         for key, size in enumerate(self.key_sizes):
             for block in part.blocks(key, int(size)):
                 held[block.server][0] += 1
                 held[block.server][1] += block.size
+                held[block.server][2] += BYTES_PER_PARAM * block.size >= OWN_FRAME_BYTES
         return [tuple(h) for h in held]
 
 
 def busiest(profile: ModelProfile, servers: int, costs: Costs, workers: int,
             bigarray_bound: int = 1_000_000) -> dict:
     """The server with the most CPU per round (one push message from each of ``workers``):
-    its ``keys`` (items) and ``elements``; how many servers get a message from each worker
-    (``messages``), the most elements on one server, and the items on all (a key cut across
-    servers counts once per block)."""
+    its ``keys`` (items), ``elements`` and own ``frames``; how many servers get a message from
+    each worker (``messages``), the most elements on one server, and the items and own frames
+    on all (``items``, ``all_frames``: a key cut across servers counts once per block)."""
     held = profile.placement(servers, bigarray_bound)
     used = [h for h in held if h[0]]
 
     def load(h):
-        return workers * (costs.server_msg + costs.server_key * h[0]
-                          + costs.server_byte * BYTES_PER_PARAM * h[1])
-    keys, elements = max(used, key=load)
-    return {"keys": keys, "elements": elements, "messages": len(used),
-            "max_elements": max(h[1] for h in used), "items": sum(h[0] for h in used)}
+        return workers * costs.push_seconds(h[0], BYTES_PER_PARAM * h[1], h[2])
+    keys, elements, frames = max(used, key=load)
+    return {"keys": keys, "elements": elements, "frames": frames, "messages": len(used),
+            "max_elements": max(h[1] for h in used), "items": sum(h[0] for h in used),
+            "all_frames": sum(h[2] for h in used)}
+
+
+def placement_inputs(place: dict) -> dict:
+    """:func:`iteration_time`'s arguments that :func:`busiest`'s placement gives."""
+    return dict(keys=place["items"], messages=place["messages"], server_keys=place["keys"],
+                server_elements=place["elements"], server_max_elements=place["max_elements"],
+                server_frames=place["frames"], frames=place["all_frames"])
 
 
 def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elements,
                    messages, server_keys, server_elements, server_max_elements, costs: Costs,
-                   device_max_s=None, shared_host=True, bandwidth=None, overlap=1.0,
+                   server_frames=0, frames=0, device_max_s=None, shared_host=True, bandwidth=None, overlap=1.0,
                    colocated=False, wire_s=0.0):
     """Seconds per iteration of one worker, and the time of each part, for arrays of
     configurations (numpy broadcasting; scalars work).
@@ -189,7 +213,8 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
     ``host_s``: the host's compute per iteration alone; ``device_s``: the device's time (0 when
     the host computes; ``device_max_s`` the slowest worker's, for BSP's barrier).  ``keys`` and
     ``elements`` are the model's, ``server_*`` the busiest server's share, ``messages`` the
-    servers a worker sends to.  ``shared_host``: every process on one host of ``costs.cores``
+    servers a worker sends to, ``frames`` the arrays of a worker's push that travel in frames
+    of their own (on all servers; ``server_frames`` on the busiest).  ``shared_host``: every process on one host of ``costs.cores``
     (this machine); otherwise each worker and server has its own host, or with ``colocated``
     the servers share the workers' hosts (a server's CPU then bounds its host's).  ``wire_s``:
     seconds a worker's exchange spends on a slow link per iteration beyond the calibrated one,
@@ -216,8 +241,7 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
                   + costs.worker_byte * nbytes)
     wire = np.asarray(wire_s, dtype=float)
     link = 2 * costs.latency + 2 * smax_bytes / bw + wire
-    push_cpu = (costs.server_msg + costs.server_key * np.asarray(server_keys)
-                + costs.server_byte * sbytes)
+    push_cpu = costs.push_seconds(server_keys, sbytes, server_frames)
     apply_cpu = costs.apply_seconds(server_keys, server_elements)
     zero = np.zeros(np.broadcast(n, compute, worker_cpu, push_cpu).shape)
     parts = {name: zero.copy() for name in BOTTLENECKS}
@@ -250,8 +274,7 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
 
     # one host's cores: every process's CPU in the time of one iteration of each worker
     # (all servers together: every key is on one of them, a message goes to each that holds some)
-    all_push = n * (costs.server_msg * np.asarray(messages) + costs.server_key * np.asarray(keys)
-                    + costs.server_byte * nbytes)
+    all_push = n * costs.push_seconds(keys, nbytes, frames, messages)
     all_apply = costs.apply_seconds(keys, elements)
     server_cpu = np.where(allreduce, 0.0, all_push + np.where(sync, 1.0, n) * all_apply)
     own_ring = np.where(allreduce, ring_cpu, 0.0)
@@ -364,11 +387,8 @@ def predict(profile: ModelProfile, costs: Costs, *, store: str = "dist_bsp", wor
     place = busiest(profile, servers, costs, workers, bigarray_bound)
     host = float(profile.host_time(batch_size, store)) if host_compute else 0.0
     uneven = len(set(devices)) > 1
-    common = dict(workers=workers, batch_size=batch_size, host_s=host, keys=place["items"],
-                  elements=profile.params, messages=place["messages"],
-                  server_keys=place["keys"], server_elements=place["elements"],
-                  server_max_elements=place["max_elements"], costs=costs,
-                  shared_host=shared_host, bandwidth=bandwidth, overlap=overlap,
+    common = dict(workers=workers, batch_size=batch_size, host_s=host, elements=profile.params,
+                  **placement_inputs(place), costs=costs, shared_host=shared_host, bandwidth=bandwidth, overlap=overlap,
                   colocated=colocated, wire_s=wire_s)
     method, run = "closed form", None
     if store == "dist_asp" and uneven:
@@ -400,8 +420,8 @@ def predict(profile: ModelProfile, costs: Costs, *, store: str = "dist_bsp", wor
 def server_service(costs: Costs, place: dict) -> tuple[float, float]:
     """The busiest server's CPU seconds per push message, and per optimizer application."""
     keys, elements = place["keys"], place["elements"]
-    return (costs.server_msg + costs.server_key * keys
-            + costs.server_byte * BYTES_PER_PARAM * elements,
+    return (costs.push_seconds(keys, BYTES_PER_PARAM * np.asarray(elements, dtype=float),
+                               place.get("frames", 0)),
             costs.apply_seconds(keys, elements))
 
 
@@ -453,10 +473,8 @@ def message_delays(calibration: dict, model: str, store: str, workers: int, serv
     place = busiest(profile, servers, costs, workers, bigarray_bound)
     _, parts = iteration_time(
         store="dist_bsp" if store == "dist_psp" else "dist_asp", workers=workers,
-        batch_size=batch_size, host_s=0.0, device_s=0.0, keys=place["items"],
-        elements=profile.params, messages=place["messages"], server_keys=place["keys"],
-        server_elements=place["elements"], server_max_elements=place["max_elements"],
-        costs=costs)
+        batch_size=batch_size, host_s=0.0, device_s=0.0, elements=profile.params,
+        **placement_inputs(place), costs=costs)
     push_s, apply_s = server_service(costs, place)
     return simulator_delays(store, float(parts["worker CPU"] + parts["worker link"]), push_s,
                             apply_s, workers)

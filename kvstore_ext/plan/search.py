@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import registry
 from .model import (CLOSED_FORM, Costs, ModelProfile, bottleneck, busiest, iteration_time,
-                    predict, server_service, simulated_time)
+                    placement_inputs, predict, server_service, simulated_time)
 
 SEARCHED_STORES = ("dist_bsp", "dist_asp", "dist_ssp", "dist_dssp")
 #: stores the model covers: in closed form, or simulated (dist_psp)
@@ -292,7 +292,8 @@ def bound_seconds(inputs: dict, parts: dict, devices: dict, mask, store, lead,
     n, costs = sub["workers"], sub["costs"]
     comm = parts["worker CPU"][mask] + parts["worker link"][mask]
     push_s, apply_s = server_service(costs, {"keys": sub["server_keys"],
-                                             "elements": sub["server_elements"]})
+                                             "elements": sub["server_elements"],
+                                             "frames": sub["server_frames"]})
     psp = np.asarray(store)[mask] == "dist_psp"
     server = np.where(psp, n * push_s, push_s) + apply_s
     host = sub["host_s"] * costs.interference_at(np.where(sub["shared_host"], n, 1.0))
@@ -326,14 +327,12 @@ def evaluate(profile: ModelProfile, costs: Costs, space: Space, *, shared_host: 
     # the busiest server's share depends on s (and n only as a factor): one table per s
     table = {sv: busiest(profile, sv, costs, 1, bigarray_bound) for sv in space.servers}
     col = {k: np.array([table[sv][k] for sv in s]) for k in
-           ("keys", "elements", "messages", "max_elements", "items")}
+           ("keys", "elements", "frames", "messages", "max_elements", "items", "all_frames")}
     devices = device_runs(space, bi, n)
     host = profile.host_time(b, store) if host_compute or not space.device_ms_at \
         else np.zeros(len(b))
-    inputs = dict(workers=n, batch_size=b, host_s=host, keys=col["items"],
-                  elements=profile.params, messages=col["messages"], server_keys=col["keys"],
-                  server_elements=col["elements"], server_max_elements=col["max_elements"],
-                  costs=costs, shared_host=shared_host, bandwidth=bandwidth, colocated=colocated)
+    inputs = dict(workers=n, batch_size=b, host_s=host, elements=profile.params,
+                  **placement_inputs(col), costs=costs, shared_host=shared_host, bandwidth=bandwidth, colocated=colocated)
     seconds, parts = iteration_time(store=store, device_s=devices["mean"],
                                     device_max_s=devices["slowest"], **inputs)
     uneven = devices["uneven"]

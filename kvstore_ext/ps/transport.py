@@ -42,6 +42,7 @@ import zmq
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from .. import jobenv
+from .protocol import OWN_FRAME_BYTES
 
 NONCE_BYTES = 16
 TAG_BYTES = 16
@@ -266,9 +267,6 @@ class Codec:
 
 LAYOUT = "_layout"
 ALIGN = 8
-
-
-OWN_FRAME_BYTES = 1 << 16
 
 
 def pack(views) -> tuple[list, list]:

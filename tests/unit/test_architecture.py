@@ -99,7 +99,8 @@ def test_the_runtimes_stay_in_their_rooms():
                                                           "kvstore_ext.horovod"))
                  or m in ("kvstore_ext.plan.calibrate", "kvstore_ext.plan.jobs",
                           "kvstore_ext.plan.dcs3gd_jobs", "kvstore_ext.plan.validate")}
-        assert heavy <= {"kvstore_ext.ps", "kvstore_ext.ps.partition", "kvstore_ext.horovod",
+        assert heavy <= {"kvstore_ext.ps", "kvstore_ext.ps.partition", "kvstore_ext.ps.protocol",
+                         "kvstore_ext.horovod",
                          "kvstore_ext.horovod.params"}, (light, heavy)   # the registry's checks
     assert not {m for m in reach("kvstore_ext.horovod.store") if m.startswith("kvstore_ext.ps")}
     assert not {m for m in reach("kvstore_ext.ps.store") if m.startswith("kvstore_ext.horovod.")

@@ -233,8 +233,33 @@ def test_placement_is_the_partitioners():
         for block in part.blocks(key, size):
             expect[block.server][0] += 1
             expect[block.server][1] += block.size
-    assert held == [tuple(e) for e in expect]
-    assert held == [(3, 1000 + 125_000 + 30), (2, 125_000 + 7)]
+    assert [h[:2] for h in held] == [tuple(e) for e in expect]
+    assert held == [(3, 1000 + 125_000 + 30, 1), (2, 125_000 + 7, 1)]
+    # a block travels in a frame of its own from 64 KB (16,384 float32) up, as transport packs
+    frames = ModelProfile("f", [16_383, 16_384, 40_000]).placement(2, bigarray_bound=30_000)
+    assert [h[2] for h in frames] == [1, 2]   # 16,384 on server 1; 40,000 cut: 80 KB on each
+    from kvstore_ext.ps.transport import OWN_FRAME_BYTES, pack
+    layout, _ = pack([memoryview(bytearray(4 * n)) for n in (16_383, 16_384)])
+    assert [frame for frame, _, _ in layout] == [0, 1] and OWN_FRAME_BYTES == 4 * 16_384
+
+
+def test_a_push_pays_for_its_own_frames_by_hand():
+    # two workers, one server holding both keys; the 250,000-element key (1 MB) travels in a
+    # frame of its own: a push costs 3.204 ms as in the BSP case plus 0.5 ms for its frame
+    c = costs(server_frame=5e-4)
+    place = busiest(PROFILE, 1, c, 2)
+    assert (place["frames"], place["all_frames"]) == (1, 1)
+    seconds, parts = one("dist_bsp", 2, c=c, server_frames=1, frames=1)
+    assert parts["server CPU"] == pytest.approx(2 * 0.003704 + 0.000451)
+    assert seconds == pytest.approx(0.1 + 0.002204 + 0.002208 + 2 * 0.003704 + 0.000451)
+    p = predict(PROFILE, c, store="dist_bsp", workers=2, device_s=0.1, shared_host=False,
+                host_compute=False)
+    assert p.seconds == pytest.approx(seconds)
+    # the busiest server is the one with the frames when they decide it: 4 small keys on
+    # server 0 against one 64 KB key on server 1
+    frame_heavy = ModelProfile("h", [10, 16_384, 10, 10, 10, 10, 10])
+    assert busiest(frame_heavy, 2, costs(server_frame=5e-3), 1)["frames"] == 1
+    assert busiest(frame_heavy, 2, costs(), 1)["frames"] == 0
 
 
 def test_predict_names_the_bottleneck_and_refuses_an_unknown_store():
@@ -295,7 +320,7 @@ def test_the_simulator_serves_pushes_one_at_a_time():
 
 
 def test_search_equals_brute_force_on_a_small_space():
-    c = costs(interference={1: 1.0, 2: 1.2, 4: 2.0})
+    c = costs(interference={1: 1.0, 2: 1.2, 4: 2.0}, server_frame=2e-4)
     profile = ModelProfile("toy", [1000, 250_000, 4000], compute_fixed=0.001,
                            compute_per_sample=0.0004, activation_elements_per_sample=5000)
     space = Space(workers=(1, 2, 3, 4, 6, 8), servers=(1, 2, 3), batch_sizes=(32, 64, 128),
@@ -435,15 +460,19 @@ def test_the_servers_own_optimizer_timing_is_fitted_beside_the_model_not_in_it()
     call, per_key, per_param = 7e-5, 9e-7, 3.6e-9        # the optimizer in place
     warm = {"per_call": 7e-5, "per_key": 2.4e-7, "per_param": 1.4e-9}
     rows = []
-    for keys, params in ((1, 100), (8, 800), (512, 8192), (16, 1 << 20), (1, 800_000),
-                         (64, 1 << 18)):
-        rows.append({"keys": keys, "bytes": 4 * params, "worker_cpu_s": 1e-4 + 3e-5 * keys,
+    frame = 5e-5                                         # per array of 64 KB or more
+    for keys, params, frames in ((1, 100, 0), (8, 800, 0), (512, 8192, 0), (16, 1 << 20, 16),
+                                 (1, 800_000, 1), (64, 1 << 18, 0), (32, 1 << 19, 32)):
+        rows.append({"keys": keys, "bytes": 4 * params, "frames": frames,
+                     "worker_cpu_s": 1e-4 + 3e-5 * keys,
                      "server_optimizer_cpu_s": call + per_key * keys + per_param * params,
                      "server_cpu_s": optimizer_seconds(warm, keys, params)
-                     + msg + key * keys + byte * 4 * params})
+                     + msg + key * keys + byte * 4 * params + frame * frames})
     out = fit_runtime(rows, warm)
     s, o = out["server_fit"], out["optimizer_in_place_fit"]
-    assert (s["msg"], s["per_key"], s["per_byte"]) == pytest.approx((msg, key, byte))
+    assert (s["msg"], s["per_key"], s["per_byte"], s["per_frame"]) == pytest.approx(
+        (msg, key, byte, frame))
+    assert "per_frame" not in out["worker_fit"]
     assert (o["per_call"], o["per_key"], o["per_param"]) == pytest.approx(
         (call, per_key, per_param))
     assert rows[0]["server_push_cpu_s"] == pytest.approx(msg + key + 400 * byte)
@@ -452,3 +481,12 @@ def test_the_servers_own_optimizer_timing_is_fitted_beside_the_model_not_in_it()
                        for r in rows], warm)
     assert "optimizer_in_place_fit" not in old
     assert old["server_fit"]["per_byte"] == pytest.approx(byte)
+
+
+def test_the_runtime_sets_frames_are_the_transports():
+    from kvstore_ext.plan.calibrate import RUNTIME_SETS, set_frames
+    frames = {name: set_frames(name) for name in RUNTIME_SETS if "x" in name
+              and name.split("x")[0].isdigit()}
+    assert frames == {"256x1024": 0, "64x4096": 0, "64x16384": 64, "32x16384": 32,
+                      "16x65536": 16, "8x65536": 8, "1x800000": 1, "8x100": 0, "1x100": 0,
+                      "512x16": 0}

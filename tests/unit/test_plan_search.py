@@ -15,7 +15,7 @@ from kvstore_ext.plan.search import (Simulations, Space, Variant, applied_sample
                                      parse_psp, parse_staleness, parse_stores, rank)
 from kvstore_ext.simulate import simulate
 
-COSTS = Costs(interference={1: 1.0, 2: 1.2})
+COSTS = Costs(interference={1: 1.0, 2: 1.2}, server_frame=1e-4)   # its big key: a frame
 PROFILE = ModelProfile("toy", [1000, 250_000, 4000], compute_fixed=0.001,
                        compute_per_sample=0.0004, activation_elements_per_sample=5000)
 #: three fast machines and three 2.5 times slower, at each batch

@@ -70,6 +70,11 @@ def parse_args(argv=None):
                    help="processes that run virtual runs side by side, one thread each "
                         "(default: this machine's cores, %(default)s); the records are the "
                         "same whatever the number")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the runs already in --out's runs.json and run only the others "
+                        "of this plan: a study run a part at a time (--cluster, --paradigm, "
+                        "--trials), or one that stopped, gets one runs.json, table and set of "
+                        "plots over every run kept")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: rebuild the table and plots from the runs.json already in "
                         "--out (for example after changing the config's targets)")
@@ -274,11 +279,12 @@ def decorate(rows, exp):
     return rows
 
 
-def run_plan(exp, plan, out: str, quick: bool, jobs: int) -> list[dict]:
-    """Every run of ``plan``, its record into ``out``/runs.json (in the plan's order) as it
-    ends: the virtual runs first, in ``jobs`` processes, then the launched ones one at a time
-    (a virtual run beside a job would take the cores the job is measured on)."""
-    records: dict[int, dict] = {}
+def run_plan(exp, plan, out: str, quick: bool, jobs: int, kept=()) -> list[dict]:
+    """Every run of ``plan``, its record into ``out``/runs.json (after the ``kept`` records,
+    then in the plan's order) as it ends: the virtual runs first, in ``jobs`` processes, then
+    the launched ones one at a time (a virtual run beside a job would take the cores the job
+    is measured on)."""
+    records: dict[int, dict] = {-len(kept) + k: r for k, r in enumerate(kept)}
     bar = tqdm(total=len(plan), desc=exp.name, unit="run", disable=not plan)
 
     def done(index: int, record: dict) -> None:
@@ -301,6 +307,29 @@ def run_plan(exp, plan, out: str, quick: bool, jobs: int) -> list[dict]:
             done(i, launched_run(exp, trial, cluster, paradigm, quick))
     bar.close()
     return [records[i] for i in sorted(records)]
+
+
+def run_id(trial, cluster: str, paradigm: str) -> tuple:
+    """What names one run of a plan, and its record in runs.json."""
+    return int(trial), cluster, paradigm
+
+
+def resumed(path: str, exp, plan) -> tuple[list[dict], list]:
+    """The records of ``path`` (a runs.json) to keep, and the runs of ``plan`` not among
+    them; the records must be of ``exp``'s config and name its clusters and paradigms."""
+    if not os.path.exists(path):
+        return [], plan
+    data = read_json(path)
+    if os.path.basename(data.get("config", "")) != os.path.basename(exp.path):
+        raise ConfigError(f"--resume: {path} holds runs of {data.get('config')!r}, not of "
+                          f"{exp.path!r}")
+    names = {p.name for p in exp.paradigms}
+    for r in data["runs"]:
+        if r["cluster"] not in exp.clusters or r["paradigm"] not in names:
+            raise ConfigError(f"--resume: {path} holds a run of cluster {r['cluster']!r}, "
+                              f"paradigm {r['paradigm']!r}, which {exp.path} no longer has")
+    have = {run_id(r["trial"], r["cluster"], r["paradigm"]) for r in data["runs"]}
+    return data["runs"], [(t, c, p) for t, c, p in plan if run_id(t, c, p.name) not in have]
 
 
 def cluster_title(exp, cluster: str) -> str:
@@ -371,7 +400,19 @@ def main(argv=None) -> int:
         runs = [r for r in read_json(os.path.join(out, "runs.json"))["runs"]
                 if r["cluster"] in clusters]
     else:
-        runs = run_plan(exp, plan, out, args.quick, args.jobs)
+        kept = []
+        if args.resume:
+            try:
+                kept, plan = resumed(os.path.join(out, "runs.json"), exp, plan)
+            except ConfigError as exc:
+                print(f"reproduce.py: {exc}", file=sys.stderr)
+                return 2
+            print(f"reproduce.py: {len(kept)} runs kept from {out}/runs.json, "
+                  f"{len(plan)} to run", file=sys.stderr)
+            # the table and plots cover every cluster with a run, in the config's order
+            clusters = [c for c in exp.clusters if c in clusters
+                        or any(r["cluster"] == c for r in kept)]
+        runs = run_plan(exp, plan, out, args.quick, args.jobs, kept)
 
     rows = summarise(runs, exp.targets)
     for row in rows:   # the median trial's largest lead at an OK (DSSP's log)

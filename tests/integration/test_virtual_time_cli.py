@@ -62,6 +62,31 @@ def test_sixteen_virtual_workers_train_lenet_in_under_a_minute(tmp_path):
     assert "| transient | SSP s=3 |" in (out / "results.md").read_text()
 
 
+def test_a_study_run_in_parts_resumes_into_one_runs_json(tmp_path):
+    """--resume keeps the records already in --out and runs only the plan's others: a study
+    run a part at a time (or one that stopped) ends with one runs.json and one table."""
+    out = tmp_path / "out"
+    first = simulate("--train", SMALL, "--quick", "--out", str(out), "--paradigm", "BSP",
+                     timeout=120)
+    assert first.returncode == 0, first.stderr[-3000:]
+    bsp, = json.loads((out / "runs.json").read_text())["runs"]
+    again = simulate("--train", SMALL, "--quick", "--out", str(out), "--paradigm", "BSP",
+                     "--paradigm", "ASP", "--resume", timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "1 runs kept" in again.stderr and "1 to run" in again.stderr
+    runs = json.loads((out / "runs.json").read_text())["runs"]
+    assert [r["paradigm"] for r in runs] == ["BSP", "ASP"] and runs[0] == bsp
+    table = (out / "results.md").read_text()
+    assert "| transient | BSP |" in table and "| transient | ASP |" in table
+    # records of another config are refused, naming it, and nothing runs
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "runs.json").write_text(json.dumps({"config": "configs/other.yaml", "runs": []}))
+    refused = simulate("--train", SMALL, "--quick", "--out", str(other), "--resume", timeout=60)
+    assert refused.returncode == 2 and "configs/other.yaml" in refused.stderr
+    assert json.loads((other / "runs.json").read_text())["runs"] == []
+
+
 def test_runs_in_two_processes_give_the_same_records_as_in_one(tmp_path):
     """--jobs 2 runs two paradigms side by side; each run's curve, iterations and staleness
     are those of --jobs 1, bit for bit, and runs.json keeps the config's order."""

@@ -1,17 +1,17 @@
 """The performance model: seconds per iteration of a data-parallel job, from calibrated costs.
 
 Yan et al. (KDD 2015) model an iteration as the compute of every layer, slowed by the
-interference of the processes sharing a host (their Eq. 9), plus the time to move the
-weights to and from the parameter servers, which lies between a best case, where a replica
-reads every server in parallel, and a worst case, where all replicas queue at one server
-(Eq. 10-11).  Their servers were free; here a server is one Python process whose CPU time per
-message, per key, per byte and per array in a frame of its own is measured (``calibrate``), so the model places the queue where
-it really forms: on the busiest server of the partition MXNet's rule makes.  It adds the
-synchronous store (a round waits for the slowest worker, then for the server to serve every
-worker's push) and, for every process sharing a host of ``cores`` cores, the roofline bound
-(the host cannot do more CPU work per second than it has cores) and the wait for a core below
-it: a synchronous round's phases run in every process at once and share the cores, and an
-asynchronous worker's CPU work queues behind the others' (an M/M/c response time).
+interference of the processes sharing a host (their Eq. 9), plus the time to move the weights
+to and from the parameter servers, which lies between a best case, where a replica reads every
+server in parallel, and a worst case, where all replicas queue at one server (Eq. 10-11).
+Their servers were free; here a server is one Python process whose CPU time per message, per
+key, per byte and per array in a frame of its own is measured (``calibrate``), so the model
+places the queue where it really forms: on the busiest server of the partition MXNet's rule
+makes.  It adds the synchronous store (a round waits for the slowest worker, then for the server
+to serve every worker's push) and, for every process sharing a host of ``cores`` cores, the
+roofline bound (the host cannot do more CPU work per second than it has cores) and the wait for
+a core below it: a synchronous round's phases run in every process at once and share the cores,
+and an asynchronous worker's CPU work queues behind the others' (an M/M/c response time).
 
 All of it is arithmetic on numpy arrays, so the search evaluates 10^5 configurations at once;
 :func:`predict` is the same code on one configuration.  Stores whose pace depends on the policy
@@ -205,8 +205,8 @@ def placement_inputs(place: dict) -> dict:
 
 def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elements,
                    messages, server_keys, server_elements, server_max_elements, costs: Costs,
-                   server_frames=0, frames=0, device_max_s=None, shared_host=True, bandwidth=None, overlap=1.0,
-                   colocated=False, wire_s=0.0):
+                   server_frames=0, frames=0, device_max_s=None, shared_host=True,
+                   bandwidth=None, overlap=1.0, colocated=False, wire_s=0.0):
     """Seconds per iteration of one worker, and the time of each part, for arrays of
     configurations (numpy broadcasting; scalars work).
 
@@ -214,9 +214,10 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
     the host computes; ``device_max_s`` the slowest worker's, for BSP's barrier).  ``keys`` and
     ``elements`` are the model's, ``server_*`` the busiest server's share, ``messages`` the
     servers a worker sends to, ``frames`` the arrays of a worker's push that travel in frames
-    of their own (on all servers; ``server_frames`` on the busiest).  ``shared_host``: every process on one host of ``costs.cores``
-    (this machine); otherwise each worker and server has its own host, or with ``colocated``
-    the servers share the workers' hosts (a server's CPU then bounds its host's).  ``wire_s``:
+    of their own (on all servers; ``server_frames`` on the busiest).  ``shared_host``: every
+    process on one host of ``costs.cores`` (this machine); otherwise each worker and server has
+    its own host, or with ``colocated`` the servers share the workers' hosts (a server's CPU
+    then bounds its host's).  ``wire_s``:
     seconds a worker's exchange spends on a slow link per iteration beyond the calibrated one,
     without CPU (what ``KVX_SIM_COMM_S`` emulates).  Returns ``(seconds, parts)``
     where ``parts`` maps each of :data:`BOTTLENECKS` to an array of seconds on the iteration's

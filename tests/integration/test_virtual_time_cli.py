@@ -65,12 +65,14 @@ def test_sixteen_virtual_workers_train_lenet_in_under_a_minute(tmp_path):
 def test_a_study_run_in_parts_resumes_into_one_runs_json(tmp_path):
     """--resume keeps the records already in --out and runs only the plan's others: a study
     run a part at a time (or one that stopped) ends with one runs.json and one table."""
+    config = tmp_path / "small.yaml"           # 4 workers: the records, not their number
+    config.write_text(open(SMALL).read().replace("workers: 16", "workers: 4"))
     out = tmp_path / "out"
-    first = simulate("--train", SMALL, "--quick", "--out", str(out), "--paradigm", "BSP",
+    first = simulate("--train", str(config), "--quick", "--out", str(out), "--paradigm", "BSP",
                      timeout=120)
     assert first.returncode == 0, first.stderr[-3000:]
     bsp, = json.loads((out / "runs.json").read_text())["runs"]
-    again = simulate("--train", SMALL, "--quick", "--out", str(out), "--paradigm", "BSP",
+    again = simulate("--train", str(config), "--quick", "--out", str(out), "--paradigm", "BSP",
                      "--paradigm", "ASP", "--resume", timeout=120)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "1 runs kept" in again.stderr and "1 to run" in again.stderr
@@ -82,7 +84,8 @@ def test_a_study_run_in_parts_resumes_into_one_runs_json(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "runs.json").write_text(json.dumps({"config": "configs/other.yaml", "runs": []}))
-    refused = simulate("--train", SMALL, "--quick", "--out", str(other), "--resume", timeout=60)
+    refused = simulate("--train", str(config), "--quick", "--out", str(other), "--resume",
+                       timeout=60)
     assert refused.returncode == 2 and "configs/other.yaml" in refused.stderr
     assert json.loads((other / "runs.json").read_text())["runs"] == []
 

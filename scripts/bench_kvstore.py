@@ -37,20 +37,6 @@ CASES = {
 }
 
 
-def model_shapes(model: str) -> list[tuple[int, ...]]:
-    """Trainable parameter shapes in the order gluon.Trainer pushes them."""
-    import mxnet as mx
-    if model == "lenet":
-        from gluon_trainers.models import lenet
-        net, x = lenet(), mx.nd.zeros((1, 1, 28, 28))
-    else:
-        from gluoncv.model_zoo import get_model
-        net, x = get_model(model, classes=10), mx.nd.zeros((1, 3, 32, 32))
-    net.initialize()
-    net(x)
-    return [p.shape for p in net.collect_params().values() if p.grad_req != "null"]
-
-
 def worker(args) -> int:
     """One worker of a benchmark job: time --rounds push+pull rounds."""
     import mxnet as mx
@@ -124,11 +110,12 @@ def main(argv=None) -> int:
         return worker(args)
 
     from tqdm import tqdm
+    from kvstore_ext.plan.jobs import model_shapes
     os.makedirs(args.out, exist_ok=True)
     rows = []
     jobs = []
     for model in args.models.split(","):
-        shapes = [list(s) for s in model_shapes(model)]
+        shapes = [list(s) for s in model_shapes(model)]   # as gluon.Trainer pushes them
         for cluster in args.clusters.split(","):
             w, s = (int(x) for x in cluster.split("x"))
             for fam in args.families.split(","):

@@ -121,18 +121,17 @@ def main(argv=None) -> int:
         print("profile_round.py: py-spy is not installed (pip install py-spy)", file=sys.stderr)
         return 2
     workers, servers = (int(x) for x in args.cluster.lower().split("x"))
-    from bench_kvstore import model_shapes
-    from kvstore_ext.launch.cli import launcher_env
+    from kvstore_ext.launch.cli import launcher_env, local_job_argv
+    from kvstore_ext.plan.jobs import model_shapes
     shapes = [list(s) for s in model_shapes(args.model)]
     os.makedirs(args.out, exist_ok=True)
     result = os.path.join(args.out, "rounds-{rank}.json")
     # far more rounds than the recording needs: the job is stopped once it is recorded
     job = subprocess.Popen(
-        [sys.executable, "-m", "kvstore_ext.launch", "-n", str(workers), "-s", str(servers),
-         "--launcher", "local", "--timeout", "3600", sys.executable,
-         os.path.join(HERE, "bench_kvstore.py"), "--worker", "--kvstore", args.kvstore,
-         "--mode", args.mode, "--shapes", json.dumps(shapes), "--rounds", "1000000",
-         "--warmup", "5", "--result", result],
+        local_job_argv(workers, servers, [
+            sys.executable, os.path.join(HERE, "bench_kvstore.py"), "--worker", "--kvstore",
+            args.kvstore, "--mode", args.mode, "--shapes", json.dumps(shapes), "--rounds",
+            "1000000", "--warmup", "5", "--result", result], timeout=3600),
         env=launcher_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     out = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),

@@ -175,14 +175,21 @@ def launcher_env() -> dict:
     return {**os.environ, jobenv.ROLE: jobenv.LAUNCHER}
 
 
+def local_job_argv(workers: int, servers: int, command: list[str], options=(),
+                   timeout=1800) -> list[str]:
+    """The command line of a local job of ``command`` through launch.py (run it with
+    :func:`launcher_env`)."""
+    return [sys.executable, "-m", "kvstore_ext.launch", "-n", str(workers), "-s", str(servers),
+            "--launcher", "local", "--timeout", str(timeout), *options, *command]
+
+
 def run_local_job(workers: int, servers: int, command: list[str], options=(), timeout=1800,
                   quiet=True) -> subprocess.CompletedProcess:
     """Run ``command`` as a local job through launch.py and wait (for scripts and benchmarks).
 
     Raises ``RuntimeError`` with the job's last output if it fails.
     """
-    argv = [sys.executable, "-m", "kvstore_ext.launch", "-n", str(workers), "-s", str(servers),
-            "--launcher", "local", "--timeout", str(timeout), *options, *command]
+    argv = local_job_argv(workers, servers, command, options, timeout)
     proc = subprocess.run(argv, env=launcher_env(), stdout=subprocess.PIPE if quiet else None,
                           stderr=subprocess.STDOUT if quiet else None, text=True)
     if proc.returncode != 0:

@@ -36,7 +36,7 @@ import numpy as np
 
 from .dcs3gd_jobs import worker_env as horovod_worker_env
 from .jobs import ENV_SHOWN
-from ..ps.protocol import own_frames
+from ..ps.protocol import own_frame
 from .model import BYTES_PER_PARAM
 from .timing import timed, trimmed_mean
 
@@ -293,8 +293,9 @@ def optimizer_seconds(optimizer_fit: dict, keys, params):
 
 #: the runtime jobs' shape sets: real models and synthetic sets that vary keys and bytes apart
 #: (one where each coefficient weighs most: 1x100 the message, 512x16 the key, 1x800000 the
-#: byte, 64x16384 the frame: its 4 MB in 64 frames of their own against 16x65536's 16), pushes of at most 4 MB: the server then holds a push with its weights, gradients and
-#: momentum in the 32 MB L3 cache (an 8 MB set's server CPU differed by a quarter between two
+#: byte, 64x16384 the frame: its 4 MB in 64 frames of their own against 16x65536's 16), pushes
+#: of at most 4 MB: the server then holds a push with its weights, gradients and momentum in
+#: the 32 MB L3 cache (an 8 MB set's server CPU differed by a quarter between two
 #: calibrations)
 RUNTIME_SETS = ("lenet", "cifar_resnet20_v1", "256x1024", "64x4096", "64x16384", "32x16384",
                 "16x65536", "8x65536", "1x800000", "8x100", "1x100", "512x16")
@@ -333,7 +334,7 @@ def set_frames(name: str) -> int:
     """How many arrays of a runtime job's shape set travel in frames of their own (one
     server: every key whole)."""
     from .jobs import model_shapes
-    return own_frames(BYTES_PER_PARAM * int(np.prod(s)) for s in model_shapes(name))
+    return sum(own_frame(BYTES_PER_PARAM * int(np.prod(s))) for s in model_shapes(name))
 
 
 def fit_runtime(rows: list[dict], optimizer_fit: dict) -> dict:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..ps.partition import Partitioner
-from ..ps.protocol import OWN_FRAME_BYTES
+from ..ps.protocol import own_frame
 
 #: stores the closed form covers; the others are simulated
 CLOSED_FORM = ("dist_bsp", "dist_asp", "dist_ssp", "dist_dssp", "dist_ssgd", "dist_dcs3gd")
@@ -168,14 +168,14 @@ class ModelProfile:
         """``(items, elements, frames)`` each server holds, as the workers' partitioner places
         them: small keys whole on ``key % servers``, keys of ``bigarray_bound`` elements or
         more cut across every server; ``frames``: the blocks that travel in a frame of their
-        own (``OWN_FRAME_BYTES`` or more)."""
+        own (``protocol.OWN_FRAME_BYTES`` or more)."""
         part = Partitioner(servers, bigarray_bound)
         held = [[0, 0, 0] for _ in range(servers)]
         for key, size in enumerate(self.key_sizes):
             for block in part.blocks(key, int(size)):
                 held[block.server][0] += 1
                 held[block.server][1] += block.size
-                held[block.server][2] += BYTES_PER_PARAM * block.size >= OWN_FRAME_BYTES
+                held[block.server][2] += own_frame(BYTES_PER_PARAM * block.size)
         return [tuple(h) for h in held]
 
 

@@ -332,7 +332,8 @@ def evaluate(profile: ModelProfile, costs: Costs, space: Space, *, shared_host: 
     host = profile.host_time(b, store) if host_compute or not space.device_ms_at \
         else np.zeros(len(b))
     inputs = dict(workers=n, batch_size=b, host_s=host, elements=profile.params,
-                  **placement_inputs(col), costs=costs, shared_host=shared_host, bandwidth=bandwidth, colocated=colocated)
+                  **placement_inputs(col), costs=costs, shared_host=shared_host,
+                  bandwidth=bandwidth, colocated=colocated)
     seconds, parts = iteration_time(store=store, device_s=devices["mean"],
                                     device_max_s=devices["slowest"], **inputs)
     uneven = devices["uneven"]

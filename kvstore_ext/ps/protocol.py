@@ -34,13 +34,14 @@ import numpy as np
 
 #: an array of at least this many bytes travels in a ZeroMQ frame of its own, sent without a
 #: copy (pyzmq's own threshold for that); smaller ones are copied together into one frame.
-#: Each such frame costs the server CPU of its own, which the planner counts (:func:`own_frames`)
+#: Each such frame costs the server CPU of its own, which the planner counts (:func:`own_frame`)
 OWN_FRAME_BYTES = 1 << 16
 
 
-def own_frames(nbytes) -> int:
-    """How many of arrays of ``nbytes`` bytes each travel in a frame of their own."""
-    return sum(1 for b in nbytes if b >= OWN_FRAME_BYTES)
+def own_frame(nbytes: int) -> bool:
+    """Whether an array of ``nbytes`` bytes travels in a frame of its own (``transport.pack``
+    spells the same test inline: it runs once per array of every message)."""
+    return nbytes >= OWN_FRAME_BYTES
 
 
 class Op:

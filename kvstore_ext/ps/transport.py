@@ -277,7 +277,7 @@ def pack(views) -> tuple[list, list]:
     """
     layout, frames, small, offset = [], [None], [], 0
     for v in views:
-        if v.nbytes >= OWN_FRAME_BYTES:
+        if v.nbytes >= OWN_FRAME_BYTES:     # protocol.own_frame, inline on the hot path
             layout.append([len(frames), 0, v.nbytes])
             frames.append(v)
         else:

@@ -57,64 +57,80 @@ _lock = threading.Lock()
 _writing: dict[int, int] = {}
 
 
-def _take(param):
+def _job_fn(param):
+    """The function of a job that has not ended (the job itself stays in ``_jobs``)."""
     with _lock:
-        return _jobs.pop(param, None)
+        job = _jobs.get(param)
+        return None if job is None else job[0]
 
 
-def _finish(job) -> None:
-    """A job has ended: its arrays are released later, on the Python thread that pushes."""
+def _release(param) -> None:
+    """One holder of a job is done with it: the engine thread that ran its function, or
+    (for an asynchronous operation) its completion.  After the last, the job moves to
+    ``_finished``, whose arrays :func:`_register` frees on the Python thread that pushes.
+
+    No reference to the job outlives the lock on this thread: a local one kept past it
+    could become the last once ``_finished`` is emptied, and the arrays would then be
+    freed here, on an engine thread or a completion's thread.
+    """
     with _lock:
-        for h in job[2]:
-            left = _writing.get(h, 0) - 1
-            if left > 0:
-                _writing[h] = left
-            else:
-                _writing.pop(h, None)
-        _finished.append(job)
+        job = _jobs.get(param)
+        if job is not None:
+            job[3] -= 1
+            if job[3] == 0:
+                del _jobs[param]
+                for h in job[2]:
+                    left = _writing.get(h, 0) - 1
+                    if left > 0:
+                        _writing[h] = left
+                    else:
+                        _writing.pop(h, None)
+                _finished.append(job)
+        del job
 
 
 def _run_sync(_rctx, param) -> None:
-    job = _take(param)
-    if job is None:
-        return
+    fn = _job_fn(param)
     try:
-        job[0]()
+        if fn is not None:
+            fn()
     except Exception:   # never let an exception cross into the engine's C++ thread
         log.exception("kvstore_ext: an engine operation failed")
     finally:
-        _finish(job)
+        del fn          # before the job is handed back (see _release)
+        _release(param)
 
 
 def _run_async(_rctx, on_complete, param) -> None:
-    job = _take(param)
+    fn = _job_fn(param)
     struct = _OnComplete.from_address(on_complete)   # it lives on the caller's stack: copied
-    done = _Done((struct.callback, struct.engine, struct.param), job)
-    if job is None:
-        done()
-        return
+    done = _Done((struct.callback, struct.engine, struct.param), param)
     try:
-        job[0](done)
+        if fn is None:
+            done()
+        else:
+            fn(done)
     except Exception:   # never let an exception cross into the engine's C++ thread
         log.exception("kvstore_ext: an engine operation failed")
         done()
+    finally:
+        del fn
+        _release(param)
 
 
 class _Done:
     """Ends one asynchronous operation; from any thread, and only the first call counts (the
     engine aborts on a second completion)."""
 
-    __slots__ = ("_handle", "_job", "_once")
+    __slots__ = ("_handle", "_param", "_once")
 
-    def __init__(self, handle, job):
-        self._handle, self._job = handle, job
+    def __init__(self, handle, param):
+        self._handle, self._param = handle, param
         self._once = threading.Lock()
 
     def __call__(self) -> None:
         if self._once.acquire(blocking=False):
-            job, self._job = self._job, None
-            if job is not None:
-                _finish(job)
+            _release(self._param)
             callback, engine, param = self._handle
             _COMPLETE(callback)(engine, param, None)
 
@@ -127,13 +143,14 @@ def _handles(arrays):
     return (ctypes.c_void_p * max(1, len(arrays)))(*[a.handle for a in arrays])
 
 
-def _register(fn, arrays, writes=()) -> int:
+def _register(fn, arrays, writes=(), holders: int = 1) -> int:
     """Keep ``fn`` and its arrays alive until its operation has ended.
 
     No deleter is given to the engine: it may call one from its own thread while
     Python shuts down, which aborts the process. Nor are a job's arrays freed on
-    an engine thread (freeing an array pushes engine work): jobs that ran are
-    dropped here, on the caller's thread.
+    an engine thread (freeing an array pushes engine work): jobs that ended are
+    dropped here, on the caller's thread.  ``holders``: 1 for an operation that ends
+    when its function returns, 2 for one that also waits for its ``done()``.
     """
     job_id = next(_ids)
     with _lock:
@@ -142,7 +159,7 @@ def _register(fn, arrays, writes=()) -> int:
         handles = [a.handle.value for a in writes]
         for h in handles:
             _writing[h] = _writing.get(h, 0) + 1
-        _jobs[job_id] = (fn, list(arrays), handles)
+        _jobs[job_id] = [fn, list(arrays), handles, holders]
     del dropped
     return job_id
 
@@ -171,7 +188,7 @@ def push_async(start, mutable, name: bytes = b"kvstore_ext") -> None:
     goes on once ``done()`` is called (from any thread; see :class:`_Done`).  While it waits
     for that, it holds no engine thread.
     """
-    _push_async(_register(start, mutable, mutable), [], mutable, name)
+    _push_async(_register(start, mutable, mutable, holders=2), [], mutable, name)
 
 
 def _push_async(job: int, reads, writes, name: bytes) -> None:
@@ -311,7 +328,7 @@ class SimulatedLink:
 
     def hold(self, array, seconds: float) -> None:
         job = _register(lambda done: self._queue.put((time.perf_counter(), seconds, done)),
-                        [array])
+                        [array], holders=2)
         _push_async(job, [], [array], b"kvx_simulated_link")
 
     def _serve(self) -> None:

@@ -267,28 +267,31 @@ class Codec:
 
 LAYOUT = "_layout"
 ALIGN = 8
+_PADS = [bytes(n) for n in range(ALIGN)]
 
 
 def pack(views) -> tuple[list, list]:
     """Frames for byte views, and where each view lies: ``[frame, offset, nbytes]``.
 
     Views of at least ``OWN_FRAME_BYTES`` are frames of their own; the others are
-    copied into frame 0, each at an offset aligned for any dtype.
+    copied into frame 0, each at an offset aligned for any dtype, the gaps zeroed.
+    Frame 0 is one ``bytes.join`` of the small views and their pads: one C loop of
+    copies, where a numpy slice assignment per view cost a server ~1.5 µs each.
     """
     layout, frames, small, offset = [], [None], [], 0
     for v in views:
-        if v.nbytes >= OWN_FRAME_BYTES:     # protocol.own_frame, inline on the hot path
-            layout.append([len(frames), 0, v.nbytes])
+        n = v.nbytes
+        if n >= OWN_FRAME_BYTES:     # protocol.own_frame, inline on the hot path
+            layout.append([len(frames), 0, n])
             frames.append(v)
         else:
-            layout.append([0, offset, v.nbytes])
-            small.append((offset, v))
-            offset += -(-v.nbytes // ALIGN) * ALIGN
-    packed = np.empty(offset, dtype=np.uint8)
-    for off, v in small:
-        if v.nbytes:
-            packed[off:off + v.nbytes] = np.frombuffer(v, dtype=np.uint8)
-    frames[0] = packed
+            layout.append([0, offset, n])
+            small.append(v)
+            pad = -n % ALIGN
+            if pad:
+                small.append(_PADS[pad])
+            offset += n + pad
+    frames[0] = b"".join(small)
     return layout, frames
 
 

@@ -1,11 +1,13 @@
 """Message authentication, key placement and store parameters (pure logic)."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import kvstore_ext
 from kvstore_ext.registry import StoreConfig
 from kvstore_ext.ps.partition import Partitioner
-from kvstore_ext.ps.transport import AuthError, Codec, array_from_buffer
+from kvstore_ext.ps.transport import (ALIGN, OWN_FRAME_BYTES, AuthError, Codec, array_from_buffer,
+                                      pack)
 
 SECRET = bytes(range(32))
 
@@ -222,3 +224,31 @@ def test_sealing_and_opening_leave_mxnet_kernels_at_full_speed():
     clean, after_seal, after_open = map(float, out.stdout.split()[-3:])
     assert after_seal < 1.5 * clean, (after_seal, clean)
     assert after_open < 1.5 * clean, (after_open, clean)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["<f4", "<f8", "<f2", "|u1", "<i8"]),
+                          st.integers(0, 40_000)), max_size=12))
+def test_packed_messages_carry_every_array_exactly(arrays):
+    """Any mix of sizes and dtypes (empty, odd byte counts, both sides of the own-frame
+    size) comes out of seal/open as it went in; small arrays share frame 0 at aligned
+    offsets with zeroed gaps, large ones travel in frames of their own."""
+    rng = np.random.default_rng(len(arrays))
+    values = [rng.integers(0, 255, n * np.dtype(dt).itemsize, dtype=np.uint8).view(dt)
+              for dt, n in arrays]
+    layout, frames = pack([memoryview(v).cast("B") for v in values])
+    small_end = 0
+    for (frame, offset, nbytes), v in zip(layout, values):
+        assert nbytes == v.nbytes
+        assert (frame > 0) == (v.nbytes >= OWN_FRAME_BYTES)
+        if frame == 0:
+            assert offset % ALIGN == 0 and offset >= small_end
+            assert bytes(frames[0][small_end:offset]) == bytes(offset - small_end)   # gap
+            small_end = offset + nbytes
+    assert len(frames[0]) == -(-small_end // ALIGN) * ALIGN
+    codec = Codec(SECRET)
+    header, bufs = codec.open([bytes(f) for f in codec.seal({"op": "push"}, values)])
+    assert header == {"op": "push"}
+    assert len(bufs) == len(values)
+    for buf, v in zip(bufs, values):
+        np.testing.assert_array_equal(array_from_buffer(buf, v.dtype.str, v.shape), v)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -30,6 +31,8 @@ TRAIN = os.path.join(ROOT, "scripts", "train_dcs3gd.py")
 STORES = ("dist_ssgd", "dist_dcs3gd")
 WORKERS = 2
 (NEGLIGIBLE, _), (LOADED, _) = DCS3GD_REGIMES
+#: launch.py's status when a worker crashed: 128 + SIGSEGV, SIGBUS or SIGABRT
+CRASHED = tuple(128 + sig for sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT))
 #: the measurements ``plan validate`` keeps beside validate.json, for ``--measured``
 MEASURED_FILE = "validate_dcs3gd_measured.json"
 
@@ -84,11 +87,12 @@ def run_job(store: str, setting: Setting, inject_s: float) -> dict:
         for attempt in range(2):
             proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True, env=worker_env(), cwd=ROOT)
-            if proc.returncode <= 128 or attempt:
+            if proc.returncode not in CRASHED or attempt:
                 break
-            # a worker killed by a signal (launch.py's 128 + N): once in a few hundred jobs a
-            # worker of these has died of SIGSEGV inside MXNet or Horovod in its first steps;
-            # the job is run again once, and the crash is reported and kept in the result
+            # a worker crashed (launch.py's 128 + N): once in a few hundred jobs a worker of
+            # these has died of SIGSEGV inside MXNet or Horovod in its first steps; the job is
+            # run again once, and the crash is reported and kept in the result (a job stopped
+            # by SIGINT or SIGTERM, or past its timeout, is not run again)
             crashed = {"status": proc.returncode, "output": proc.stdout[-3000:]}
             print(f"kvstore_ext.plan: {store} job ended with status {proc.returncode} (a worker "
                   f"killed by signal {proc.returncode - 128}); running it again once:\n"

@@ -95,7 +95,7 @@ def run_job(store: str, setting: Setting, inject_s: float) -> dict:
             # by SIGINT or SIGTERM, or past its timeout, is not run again)
             crashed = {"status": proc.returncode, "output": proc.stdout[-3000:]}
             print(f"kvstore_ext.plan: {store} job ended with status {proc.returncode} (a worker "
-                  f"killed by signal {proc.returncode - 128}); running it again once:\n"
+                  f"killed by {signal.Signals(proc.returncode - 128).name}); running it again once:\n"
                   f"{proc.stdout[-1500:]}", file=sys.stderr, flush=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{shlex.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}")

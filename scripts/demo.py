@@ -27,7 +27,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--quick", action="store_true",
-                   help="6 seconds of training per paradigm instead of 45 (for CI)")
+                   help="9 seconds of training per paradigm instead of 45 (for CI)")
     p.add_argument("--out", default="results/demo", help="results folder (default results/demo)")
     args = p.parse_args(argv)
     config = os.path.join(HERE, "..", "configs", "demo.yaml")

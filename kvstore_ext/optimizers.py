@@ -250,6 +250,51 @@ def delay_refusal(optimizer, store_type: str, asynchronous: bool) -> str | None:
             f"dist_ssp or dist_dssp (or use 'adagrad' here)")
 
 
+def sgd_step(weight: np.ndarray, grad: np.ndarray, mom, scratch: np.ndarray, lr: float,
+             wd: float, momentum: float, rescale_grad: float,
+             clip_gradient: float = -1.0) -> None:
+    """One step of MXNet's SGD on numpy arrays of one float dtype, in place, bit for bit: the
+    float operations of its kernels (``SGDMomKernel``, ``MultiSGDKernel`` in MXNet's
+    optimizer_op-inl.h) in their order, their float32 parameters widened to the dtype::
+
+        mom = momentum·mom − (lr·wd)·w − (lr·rescale)·g    (− lr·clip(rescale·g) with clipping)
+        w = w + mom
+
+    ``mom`` None: no momentum, as MXNet's ``multi_sgd_update`` runs it (its momentum term a
+    zero).  Six vectorised passes over the arrays cost about 0.65 ns an element here, against
+    1.5 ns for MXNet's one-array kernel and 2.5 for its multi-tensor one at the one OpenMP
+    thread a server runs (``scripts/bench_optimizer.py``).  ``scratch`` holds at least twice
+    as many elements as ``weight``."""
+    cast = weight.dtype.type
+    lr, wd, momentum, rescale_grad, clip_gradient = (
+        cast(np.float32(v)) for v in (lr, wd, momentum, rescale_grad, clip_gradient))
+    n = weight.size
+    tmp = scratch[:n]
+    if mom is None:
+        mom = scratch[n:2 * n]
+        np.multiply(weight, lr * wd, out=mom)
+        np.subtract(cast(0), mom, out=mom)     # 0·0 − (lr·wd)·w: the kernel's sign of a zero
+    else:
+        mom *= momentum
+        np.multiply(weight, lr * wd, out=tmp)
+        mom -= tmp
+    if clip_gradient >= 0:
+        np.multiply(grad, rescale_grad, out=tmp)
+        np.clip(tmp, -clip_gradient, clip_gradient, out=tmp)
+        tmp *= lr
+    else:
+        np.multiply(grad, lr * rescale_grad, out=tmp)
+    mom -= tmp
+    weight += mom
+
+
+def wait_to_write(array) -> None:
+    """Wait until MXNet's engine has no operation pending on ``array`` (reads included), so
+    that numpy may write its memory."""
+    from mxnet.base import _LIB, check_call
+    check_call(_LIB.MXNDArrayWaitToWrite(array.handle))
+
+
 def memory_view(array) -> np.ndarray:
     """A numpy view of a CPU NDArray's memory (valid while the NDArray lives)."""
     from mxnet.base import _LIB, check_call
@@ -386,9 +431,10 @@ class ServerOptimizer:
     optimizer.  The servers and the virtual-time trainer (:mod:`kvstore_ext.virtual_training`)
     both apply updates through this one object.
 
-    MXNet's SGD, the optimizer of nearly every job, is run here on MXNet's own kernels: the
-    multi-tensor ones (``multi_sgd_update``, ``multi_sgd_mom_update``), and with momentum the
-    one-array ``sgd_mom_update`` for a long array, with the update counts, learning rates
+    MXNet's SGD, the optimizer of nearly every job, is run here on MXNet's own kernels, the
+    multi-tensor ones (``multi_sgd_update``, ``multi_sgd_mom_update``), and with momentum on
+    a long array the same float operations in numpy (:func:`sgd_step`), with the update
+    counts, learning rates
     (scheduler and ``lr_mult`` included) and weight decays MXNet's optimizer gives key by key:
     the same bits, in fewer calls.  Blocks held in :class:`FlatArrays`
     (a server's) are updated a run at a time: one kernel array for all the adjacent keys that
@@ -402,11 +448,18 @@ class ServerOptimizer:
     KERNEL_ARRAYS = 60
     #: visits beyond its arrays' elements that one kernel call may waste (:func:`kernel_calls`)
     SPARE_VISITS = 1 << 15
-    #: with momentum, an array this long or longer is updated alone by MXNet's one-array
-    #: kernel (``sgd_mom_update``): it gives the multi-tensor kernel's bits at 1.5 ns an
-    #: element where the multi-tensor one (which visits every array of the call at every
-    #: index) takes 2.5, and saves 24 us a call at this length (scripts/bench_optimizer.py)
+    #: an array this long or longer is updated alone: by :func:`sgd_step` (numpy, the
+    #: kernels' bits) for float32 and float64, by MXNet's one-array kernel
+    #: (``sgd_mom_update``) for other dtypes with momentum.  Either gives the multi-tensor
+    #: kernel's bits, at 0.65 and 1.5 ns an element where the multi-tensor one (which visits
+    #: every array of the call at every index) takes 2.5 (scripts/bench_optimizer.py)
     ALONE_ELEMENTS = 1 << 14
+    #: dtypes :func:`sgd_step` updates (MXNet computes float16 in its own way)
+    NUMPY_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+    #: with gradient clipping, numpy's clip pass (0.56 ns an element) makes :func:`sgd_step`
+    #: the faster only from about this length on (below it, with momentum, the one-array
+    #: kernel; scripts/bench_optimizer.py --clip-gradient 5)
+    NUMPY_CLIP_ELEMENTS = 1 << 17
 
     def __init__(self, optimizer, store_type: str, asynchronous: bool):
         problem = delay_refusal(optimizer, store_type, asynchronous)
@@ -420,6 +473,7 @@ class ServerOptimizer:
         self.fused_sgd = type(optimizer) is mx.optimizer.SGD
         self._flat: dict = {}    # key -> (FlatArrays, start, stop) holding its momentum
         self._bound = weakref.WeakKeyDictionary()   # Run -> (generation, momentum) bound at
+        self._scratch: dict = {}  # dtype -> numpy array, :func:`sgd_step`'s temporaries
         # a pool tunes these from the values the workers set (a scheduler keeps its own lr)
         self.base_hyper = {"lr": None if optimizer.lr_scheduler else optimizer.lr,
                            "momentum": getattr(optimizer, "momentum", None)}
@@ -554,7 +608,8 @@ class ServerOptimizer:
 
     def _launch(self, pieces) -> None:
         """MXNet's SGD kernels over ``pieces``, with the arguments MXNet's SGD gives them:
-        the multi-tensor ones, but a long piece with momentum alone (:attr:`ALONE_ELEMENTS`)."""
+        the multi-tensor ones, but a long piece alone (:attr:`ALONE_ELEMENTS`): in numpy
+        when its dtype allows, else, with momentum, on the one-array kernel."""
         opt = self.optimizer
         kwargs = {"rescale_grad": opt.rescale_grad}
         if opt.clip_gradient:
@@ -564,16 +619,37 @@ class ServerOptimizer:
             kwargs["momentum"] = opt.momentum
         update = nd.multi_sgd_mom_update if momentum else nd.multi_sgd_update
         width = 3 if momentum else 2
-        if momentum:
-            alone = [p for p in pieces if p.size >= self.ALONE_ELEMENTS]
-            pieces = [p for p in pieces if p.size < self.ALONE_ELEMENTS]
-            for p in alone:
+        numpy_from = self.NUMPY_CLIP_ELEMENTS if opt.clip_gradient else self.ALONE_ELEMENTS
+        alone, together = [], []
+        for p in pieces:
+            numpy = p.dtype in self.NUMPY_DTYPES and p.size >= numpy_from
+            (alone if p.size >= self.ALONE_ELEMENTS and (numpy or momentum) else
+             together).append(p)
+        for p in alone:
+            if p.dtype in self.NUMPY_DTYPES and p.size >= numpy_from:
+                self._sgd_numpy(p, opt.momentum, opt.rescale_grad,
+                                kwargs.get("clip_gradient", -1.0))
+            else:
                 nd.sgd_mom_update(p.weight, p.grad, p.momentum, out=p.weight, lr=p.lr, wd=p.wd,
                                   **kwargs)
-        for call in kernel_calls(pieces, self.KERNEL_ARRAYS, self.SPARE_VISITS):
+        for call in kernel_calls(together, self.KERNEL_ARRAYS, self.SPARE_VISITS):
             update(*chain.from_iterable(p[:width] for p in call), out=[p.weight for p in call],
                    num_weights=len(call), lrs=[p.lr for p in call], wds=[p.wd for p in call],
                    **kwargs)
+
+    def _sgd_numpy(self, p: Piece, momentum, rescale_grad, clip_gradient) -> None:
+        """:func:`sgd_step` on the memory of ``p``'s NDArrays, once MXNet's engine is done
+        with them (at once on a server's naive engine)."""
+        wait_to_write(p.weight)
+        p.grad.wait_to_read()
+        if p.momentum is not None:
+            wait_to_write(p.momentum)
+        scratch = self._scratch.get(p.dtype)
+        if scratch is None or scratch.size < 2 * p.size:
+            scratch = self._scratch[p.dtype] = np.empty(2 * p.size, p.dtype)
+        sgd_step(memory_view(p.weight), memory_view(p.grad),
+                 None if p.momentum is None else memory_view(p.momentum), scratch, p.lr, p.wd,
+                 momentum if p.momentum is not None else 0.0, rescale_grad, clip_gradient)
 
     def state(self, key, weight):
         """The updater's state of ``key``, made as MXNet's Updater makes it."""

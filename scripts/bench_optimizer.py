@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""The servers' SGD update on MXNet's two kinds of kernel, per element, in one run.
+"""The servers' SGD update on its three kinds of kernel, per element, in one run.
 
 A server updates a run of adjacent blocks as one array (:class:`kvstore_ext.optimizers.
-ServerOptimizer`).  With momentum, a long array goes to MXNet's one-array kernel
-(``sgd_mom_update``) rather than the multi-tensor one (``multi_sgd_mom_update``); this times
-both through ``ServerOptimizer.apply_runs`` on the same flat arrays, interleaved, in the
-servers' environment (MXNet's naive engine, one OpenMP thread), and checks that both give the
-same bits.
+ServerOptimizer`).  With momentum, a long array is updated alone, by MXNet's one-array kernel
+(``sgd_mom_update``) or by the kernels' float operations in numpy (``sgd_step``, the
+servers' choice for float32 and float64), rather than by the multi-tensor kernel
+(``multi_sgd_mom_update``); this times the three through ``ServerOptimizer.apply_runs`` on the
+same flat arrays, interleaved, in the servers' environment (MXNet's naive engine, one OpenMP
+thread), and checks that all give the same bits.
 
     python scripts/bench_optimizer.py --out results/bench
 """
@@ -40,6 +41,9 @@ def parse_args(argv=None):
     p.add_argument("--passes", type=int, default=5,
                    help="passes over the kernels, taken in turn (default 5)")
     p.add_argument("--reps", type=int, default=20, help="calls in a row per pass (default 20)")
+    p.add_argument("--clip-gradient", type=float, default=None,
+                   help="SGD's clip_gradient (default: none, as MXNet's SGD; clipping adds "
+                        "passes to the numpy path)")
     p.add_argument("--any-env", action="store_true",
                    help="keep this environment's engine and threads instead of the servers'")
     p.add_argument("--out", default=None,
@@ -59,14 +63,21 @@ def flat_run(size: int):
     return home, Run(home, [0], [0, size])
 
 
-def optimizer(alone: bool):
+#: the paths timed: the multi-tensor kernel for every array, MXNet's one-array kernel for a
+#: long one, and the servers' choice (numpy's passes for a long float32 or float64 array)
+KERNELS = ("multi-tensor always", "one-array kernel", "as the servers choose")
+
+
+def optimizer(kernel: str, clip_gradient=None):
     import mxnet as mx
     from kvstore_ext.optimizers import ServerOptimizer
     opt = ServerOptimizer(mx.optimizer.SGD(learning_rate=0.01, momentum=0.9, wd=1e-4,
-                                           rescale_grad=0.5, clip_gradient=5.0),
+                                           rescale_grad=1 / 3, clip_gradient=clip_gradient),
                           "dist_bsp", asynchronous=False)
-    if not alone:
-        opt.ALONE_ELEMENTS = float("inf")   # every array on the multi-tensor kernel
+    if kernel == "multi-tensor always":
+        opt.ALONE_ELEMENTS = float("inf")
+    elif kernel == "one-array kernel":
+        opt.NUMPY_DTYPES = ()
     return opt
 
 
@@ -78,23 +89,20 @@ def main(argv=None) -> int:
     import numpy as np
     from kvstore_ext.plan.timing import sample
     from kvstore_ext.reports import write_results
-    #: the multi-tensor kernel for every array, against the servers' choice (the one-array
-    #: kernel from ServerOptimizer.ALONE_ELEMENTS on)
-    kernels = {"multi-tensor always": False, "as the servers choose": True}
     rows = []
     for size in (int(s) for s in args.sizes.split(",")):
         homes, fns = {}, {}
-        for name, alone in kernels.items():
+        for name in KERNELS:
             home, run = flat_run(size)
-            opt = optimizer(alone)
+            opt = optimizer(name, args.clip_gradient)
 
             def apply(opt=opt, run=run):
                 opt.apply_runs([run])
                 mx.nd.waitall()
             homes[name], fns[name] = home, apply
         times = sample(fns, args.passes, args.reps)
-        weights = [homes[name].numpy("weight")[:size] for name in kernels]
-        same = bool(np.array_equal(*weights))   # both took the same number of updates
+        weights = [homes[name].numpy("weight")[:size] for name in KERNELS]
+        same = all(np.array_equal(weights[0], w) for w in weights[1:])   # as many updates
         for name, t in times.items():
             rows.append({"elements": size, "kernel": name, "calls": len(t),
                          "us_per_call": statistics.median(t) * 1e6,

@@ -6,9 +6,10 @@ import random
 import mxnet as mx
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from kvstore_ext.optimizers import (FlatArrays, Piece, Run, ServerOptimizer, equal_rate_spans,
-                                    kernel_calls)
+                                    kernel_calls, sgd_step)
 
 #: key 5 is long enough to be updated alone by MXNet's one-array kernel (with momentum)
 SIZES = [5, 17, 300, 4096, 3, 70000, 1, 2304]
@@ -236,3 +237,45 @@ def test_equal_rate_spans():
     wds = [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
     assert list(equal_rate_spans(lrs, wds, 0, 6)) == [(0, 2), (2, 3), (3, 5), (5, 6)]
     assert list(equal_rate_spans(lrs, wds, 3, 5)) == [(3, 5)]
+
+
+#: hyper-parameters as users set them and awkward ones: rates and scales whose float32
+#: products round, so that an operation done in another order changes the last bit
+RATES = st.sampled_from([0.1, 0.01, 0.05, 0.37, 1e-3, 3e-4, 1.7])
+SCALES = st.sampled_from([1.0, 0.5, 1 / 3, 1 / 64, 1 / 96, 0.37])
+
+
+@given(size=st.integers(1, 70_000), dtype=st.sampled_from([np.float32, np.float64]),
+       lr=RATES, wd=st.sampled_from([0.0, 1e-4, 5e-4, 0.01, 0.3]),
+       momentum=st.sampled_from([None, 0.0, 0.5, 0.9, 0.99]), rescale=SCALES,
+       clip=st.sampled_from([-1.0, 0.0, 0.1, 1.0, 5.0]), seed=st.integers(0, 2 ** 32 - 1),
+       specials=st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_numpy_sgd_step_gives_mxnets_kernels_bits(size, dtype, lr, wd, momentum, rescale, clip,
+                                                  seed, specials):
+    """:func:`sgd_step` against MXNet's kernels as MXNet's SGD calls them, bit for bit: with
+    momentum ``sgd_mom_update``; without (None), ``multi_sgd_update`` (NaN and infinities in
+    the gradient where ``specials``, weights of both signs of zero)."""
+    rng = np.random.default_rng(seed)
+    weight = (rng.standard_normal(size) * 10.0 ** rng.integers(-3, 3)).astype(dtype)
+    weight[rng.integers(0, size, 2)] = [0.0, -0.0]
+    grad = (rng.standard_normal(size) * 10.0 ** rng.integers(-4, 4)).astype(dtype)
+    if specials:
+        grad[rng.integers(0, size, 3)] = rng.choice([np.nan, np.inf, -np.inf], 3)
+    w, g = mx.nd.array(weight, dtype=dtype), mx.nd.array(grad, dtype=dtype)
+    clipping = {"clip_gradient": clip} if clip >= 0 else {}
+    if momentum is None:
+        mom = None
+        mx.nd.multi_sgd_update(w, g, out=[w], num_weights=1, lrs=[lr], wds=[wd],
+                               rescale_grad=rescale, **clipping)
+    else:
+        mom = rng.standard_normal(size).astype(dtype)
+        m = mx.nd.array(mom, dtype=dtype)
+        mx.nd.sgd_mom_update(w, g, m, out=w, lr=lr, wd=wd, momentum=momentum,
+                             rescale_grad=rescale, **clipping)
+    sgd_step(weight, grad, mom, np.empty(2 * size + 5, dtype), lr, wd, momentum or 0.0,
+             rescale, clip)
+    np.testing.assert_array_equal(weight, w.asnumpy())
+    assert np.array_equal(np.signbit(weight), np.signbit(w.asnumpy()))
+    if mom is not None:
+        np.testing.assert_array_equal(mom, m.asnumpy())

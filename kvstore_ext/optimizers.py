@@ -261,10 +261,10 @@ def sgd_step(weight: np.ndarray, grad: np.ndarray, mom, scratch: np.ndarray, lr:
         w = w + mom
 
     ``mom`` None: no momentum, as MXNet's ``multi_sgd_update`` runs it (its momentum term a
-    zero).  Six vectorised passes over the arrays cost about 0.65 ns an element here, against
-    1.5 ns for MXNet's one-array kernel and 2.5 for its multi-tensor one at the one OpenMP
-    thread a server runs (``scripts/bench_optimizer.py``).  ``scratch`` holds at least twice
-    as many elements as ``weight``."""
+    zero).  Six vectorised passes over the arrays cost about 0.8 ns an element here, against
+    1.55 ns for MXNet's one-array kernel and 2.9 for its multi-tensor one at the one OpenMP
+    thread a server runs (``scripts/bench_optimizer.py``, 431,080 elements).  ``scratch``
+    holds as many elements as ``weight`` (twice as many without momentum)."""
     cast = weight.dtype.type
     lr, wd, momentum, rescale_grad, clip_gradient = (
         cast(np.float32(v)) for v in (lr, wd, momentum, rescale_grad, clip_gradient))
@@ -451,8 +451,8 @@ class ServerOptimizer:
     #: an array this long or longer is updated alone: by :func:`sgd_step` (numpy, the
     #: kernels' bits) for float32 and float64, by MXNet's one-array kernel
     #: (``sgd_mom_update``) for other dtypes with momentum.  Either gives the multi-tensor
-    #: kernel's bits, at 0.65 and 1.5 ns an element where the multi-tensor one (which visits
-    #: every array of the call at every index) takes 2.5 (scripts/bench_optimizer.py)
+    #: kernel's bits, at 0.8 and 1.55 ns an element where the multi-tensor one (which visits
+    #: every array of the call at every index) takes 2.9 (scripts/bench_optimizer.py)
     ALONE_ELEMENTS = 1 << 14
     #: dtypes :func:`sgd_step` updates (MXNet computes float16 in its own way)
     NUMPY_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -622,11 +622,10 @@ class ServerOptimizer:
         numpy_from = self.NUMPY_CLIP_ELEMENTS if opt.clip_gradient else self.ALONE_ELEMENTS
         alone, together = [], []
         for p in pieces:
-            numpy = p.dtype in self.NUMPY_DTYPES and p.size >= numpy_from
-            (alone if p.size >= self.ALONE_ELEMENTS and (numpy or momentum) else
-             together).append(p)
+            (alone if p.size >= self.ALONE_ELEMENTS and (momentum or self._numpy(p, numpy_from))
+             else together).append(p)
         for p in alone:
-            if p.dtype in self.NUMPY_DTYPES and p.size >= numpy_from:
+            if self._numpy(p, numpy_from):
                 self._sgd_numpy(p, opt.momentum, opt.rescale_grad,
                                 kwargs.get("clip_gradient", -1.0))
             else:
@@ -637,6 +636,12 @@ class ServerOptimizer:
                    num_weights=len(call), lrs=[p.lr for p in call], wds=[p.wd for p in call],
                    **kwargs)
 
+    def _numpy(self, p: Piece, numpy_from: int) -> bool:
+        """Whether :func:`sgd_step` updates ``p`` (in host memory, of a dtype it computes as
+        MXNet does, long enough to be the faster)."""
+        return p.dtype in self.NUMPY_DTYPES and p.size >= numpy_from and \
+            p.weight.context.device_type == "cpu"
+
     def _sgd_numpy(self, p: Piece, momentum, rescale_grad, clip_gradient) -> None:
         """:func:`sgd_step` on the memory of ``p``'s NDArrays, once MXNet's engine is done
         with them (at once on a server's naive engine)."""
@@ -644,9 +649,10 @@ class ServerOptimizer:
         p.grad.wait_to_read()
         if p.momentum is not None:
             wait_to_write(p.momentum)
+        need = p.size if p.momentum is not None else 2 * p.size
         scratch = self._scratch.get(p.dtype)
-        if scratch is None or scratch.size < 2 * p.size:
-            scratch = self._scratch[p.dtype] = np.empty(2 * p.size, p.dtype)
+        if scratch is None or scratch.size < need:
+            scratch = self._scratch[p.dtype] = np.empty(need, p.dtype)
         sgd_step(memory_view(p.weight), memory_view(p.grad),
                  None if p.momentum is None else memory_view(p.momentum), scratch, p.lr, p.wd,
                  momentum if p.momentum is not None else 0.0, rescale_grad, clip_gradient)

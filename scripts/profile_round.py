@@ -35,7 +35,7 @@ sys.path.insert(0, ROOT)
 #: optimizer and an authenticator's JSON as authentication
 CATEGORIES = [
     ("authentication (Poly1305 tags)", ("Codec._tag", "poly1305", "clear_vector_upper_state")),
-    ("optimizer (MXNet's SGD kernels)", ("ServerOptimizer", "optimizers.py", "sgd_mom_update",
+    ("optimizer (the servers' SGD)", ("ServerOptimizer", "optimizers.py", "sgd_mom_update",
                                          "multi_sgd", "sgd_update")),
     ("pyzmq's zero-copy garbage thread (mostly blocked)", ("zmq/utils/garbage",)),
     ("JSON headers", ("json/",)),

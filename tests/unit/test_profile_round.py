@@ -21,7 +21,7 @@ ENGINE = ("worker (bench_kvstore.py:70);_push_async (mxnet/engine.py:10);"
 
 
 def test_a_sample_is_its_stacks_first_named_category():
-    assert profile.category(OPTIMIZER.split(";")) == "optimizer (MXNet's SGD kernels)"
+    assert profile.category(OPTIMIZER.split(";")) == "optimizer (the servers' SGD)"
     assert profile.category(SEAL_JSON.split(";")) == "authentication (Poly1305 tags)"
     assert profile.category(SEND.split(";")) == "ZeroMQ send and receive"
     assert profile.category(ENGINE.split(";")) == "MXNet engine operations (ctypes)"
@@ -33,7 +33,7 @@ def test_shares_add_up_over_a_raw_file(tmp_path):
     raw.write_text(f"{OPTIMIZER} 6\n{SEND} 3\n{RUN} 1\nnot a sample line\n")
     out = profile.shares(str(raw))
     assert out["samples"] == 10
-    assert out["shares"]["optimizer (MXNet's SGD kernels)"] == 0.6
+    assert out["shares"]["optimizer (the servers' SGD)"] == 0.6
     assert out["shares"]["ZeroMQ send and receive"] == 0.3
     assert out["shares"][profile.OTHER] == 0.1
     assert abs(sum(out["shares"].values()) - 1.0) < 1e-12

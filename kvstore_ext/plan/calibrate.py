@@ -241,6 +241,13 @@ def _echo_seconds(sizes, passes: int, reps: int, latency_block: int) -> dict:
     return seconds
 
 
+#: the longest run the optimizer's calibration times: the servers' numpy SGD reads and writes
+#: 16 bytes an element (weights, gradients, momentum and a temporary), 34 MB here, about the
+#: 32 MB L3 cache.  Out of it (4.1 M elements) an element cost 1.38 ns against 0.8 in it, and
+#: that one point took the linear fit's R^2 from 0.999 to 0.85 (docs/planner.md)
+OPTIMIZER_CACHED_ELEMENTS = 2_100_000
+
+
 def measure_optimizer(keys=(1, 8, 64, 256, 1024), sizes=(100, 1_000, 16_000, 100_000),
                       passes: int = 5, reps: int = 10) -> dict:
     """The servers' optimizer as they call it, in a loop (its arrays stay in the caches; the
@@ -248,8 +255,8 @@ def measure_optimizer(keys=(1, 8, 64, 256, 1024), sizes=(100, 1_000, 16_000, 100
     :meth:`ServerOptimizer.apply_runs
     <kvstore_ext.optimizers.ServerOptimizer.apply_runs>` with MXNet's momentum SGD over k
     blocks of m elements held back to back in one :class:`~kvstore_ext.optimizers.FlatArrays`
-    (a group's blocks, one kernel array), up to 4.2 M elements (beyond, the weights, gradients
-    and momentum leave the 32 MB L3 cache, and an element costs about 1.5 times as much).
+    (a group's blocks, one kernel array), up to :data:`OPTIMIZER_CACHED_ELEMENTS` (beyond, the
+    update's arrays leave the L3 cache, and an element costs 1.7 times as much).
     Timing separate arrays instead would charge a kernel array per key (6 us here) that the
     servers do not pay, and leave the servers' own per-key cost to absorb the difference."""
     import mxnet as mx
@@ -257,7 +264,7 @@ def measure_optimizer(keys=(1, 8, 64, 256, 1024), sizes=(100, 1_000, 16_000, 100
     applies = {}
     for k in keys:
         for size in sizes:
-            if k * size > 4_200_000:
+            if k * size > OPTIMIZER_CACHED_ELEMENTS:
                 continue
             opt = ServerOptimizer(mx.optimizer.SGD(learning_rate=0.01, momentum=0.9, wd=1e-4),
                                   "dist_bsp", asynchronous=False)

@@ -432,9 +432,9 @@ class ServerOptimizer:
     both apply updates through this one object.
 
     MXNet's SGD, the optimizer of nearly every job, is run here on MXNet's own kernels, the
-    multi-tensor ones (``multi_sgd_update``, ``multi_sgd_mom_update``), and with momentum on
-    a long array the same float operations in numpy (:func:`sgd_step`), with the update
-    counts, learning rates
+    multi-tensor ones (``multi_sgd_update``, ``multi_sgd_mom_update``), and on a long array
+    the same float operations in numpy (:func:`sgd_step`), with the update counts, learning
+    rates
     (scheduler and ``lr_mult`` included) and weight decays MXNet's optimizer gives key by key:
     the same bits, in fewer calls.  Blocks held in :class:`FlatArrays`
     (a server's) are updated a run at a time: one kernel array for all the adjacent keys that

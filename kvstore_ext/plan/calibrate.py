@@ -244,7 +244,7 @@ def _echo_seconds(sizes, passes: int, reps: int, latency_block: int) -> dict:
 #: the longest run the optimizer's calibration times: the servers' numpy SGD reads and writes
 #: 16 bytes an element (weights, gradients, momentum and a temporary), 34 MB here, about the
 #: 32 MB L3 cache.  Out of it (4.1 M elements) an element cost 1.38 ns against 0.8 in it, and
-#: that one point took the linear fit's R^2 from 0.999 to 0.85 (docs/planner.md)
+#: with that one point the linear fit's R^2 was 0.85, 0.999 without it (docs/planner.md)
 OPTIMIZER_CACHED_ELEMENTS = 2_100_000
 
 

@@ -220,6 +220,12 @@ def host_view(array, shape=None, dtype=None) -> np.ndarray:
     return np.frombuffer(memory, dtype=dtype).reshape(shape)
 
 
+def wait_to_write(array) -> None:
+    """Wait until MXNet's engine has no operation pending on ``array`` (reads included), so
+    that numpy may write its memory (:func:`host_view`) outside the engine."""
+    check_call(_LIB.MXNDArrayWaitToWrite(array.handle))
+
+
 _COPYTO = None
 
 

@@ -30,7 +30,6 @@ call, on a server's blocks held back to back in :class:`FlatArrays`.
 """
 from __future__ import annotations
 
-import ctypes
 import pickle
 import weakref
 from collections import Counter
@@ -42,6 +41,8 @@ import mxnet as mx
 import numpy as np
 from mxnet import nd
 from mxnet.optimizer import Optimizer
+
+from .engine import host_view, wait_to_write
 
 
 class PushState:
@@ -288,23 +289,6 @@ def sgd_step(weight: np.ndarray, grad: np.ndarray, mom, scratch: np.ndarray, lr:
     weight += mom
 
 
-def wait_to_write(array) -> None:
-    """Wait until MXNet's engine has no operation pending on ``array`` (reads included), so
-    that numpy may write its memory."""
-    from mxnet.base import _LIB, check_call
-    check_call(_LIB.MXNDArrayWaitToWrite(array.handle))
-
-
-def memory_view(array) -> np.ndarray:
-    """A numpy view of a CPU NDArray's memory (valid while the NDArray lives)."""
-    from mxnet.base import _LIB, check_call
-    ptr = ctypes.c_void_p()
-    check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
-    dtype = np.dtype(array.dtype)
-    raw = (ctypes.c_char * (array.size * dtype.itemsize)).from_address(ptr.value)
-    return np.frombuffer(raw, dtype=dtype)
-
-
 class FlatArrays:
     """Blocks of one dtype held back to back: one flat NDArray per role (``"weight"``,
     ``"grad"``, an optimizer's ``"momentum"``), every block a view at its offset.  Adjacent
@@ -354,7 +338,7 @@ class FlatArrays:
         """All of ``role`` as a numpy view of its memory."""
         array = self._numpy.get(role)
         if array is None:
-            array = self._numpy[role] = memory_view(self.array(role))
+            array = self._numpy[role] = host_view(self.array(role))
         return array
 
     def _zeros(self, size: int) -> nd.NDArray:
@@ -620,17 +604,18 @@ class ServerOptimizer:
         update = nd.multi_sgd_mom_update if momentum else nd.multi_sgd_update
         width = 3 if momentum else 2
         numpy_from = self.NUMPY_CLIP_ELEMENTS if opt.clip_gradient else self.ALONE_ELEMENTS
-        alone, together = [], []
+        together = []
         for p in pieces:
-            (alone if p.size >= self.ALONE_ELEMENTS and (momentum or self._numpy(p, numpy_from))
-             else together).append(p)
-        for p in alone:
-            if self._numpy(p, numpy_from):
+            if p.size < self.ALONE_ELEMENTS:
+                together.append(p)
+            elif self._numpy(p, numpy_from):
                 self._sgd_numpy(p, opt.momentum, opt.rescale_grad,
                                 kwargs.get("clip_gradient", -1.0))
-            else:
+            elif momentum:
                 nd.sgd_mom_update(p.weight, p.grad, p.momentum, out=p.weight, lr=p.lr, wd=p.wd,
                                   **kwargs)
+            else:
+                together.append(p)
         for call in kernel_calls(together, self.KERNEL_ARRAYS, self.SPARE_VISITS):
             update(*chain.from_iterable(p[:width] for p in call), out=[p.weight for p in call],
                    num_weights=len(call), lrs=[p.lr for p in call], wds=[p.wd for p in call],
@@ -653,9 +638,9 @@ class ServerOptimizer:
         scratch = self._scratch.get(p.dtype)
         if scratch is None or scratch.size < need:
             scratch = self._scratch[p.dtype] = np.empty(need, p.dtype)
-        sgd_step(memory_view(p.weight), memory_view(p.grad),
-                 None if p.momentum is None else memory_view(p.momentum), scratch, p.lr, p.wd,
-                 momentum if p.momentum is not None else 0.0, rescale_grad, clip_gradient)
+        sgd_step(host_view(p.weight, (p.size,)), host_view(p.grad, (p.size,)),
+                 None if p.momentum is None else host_view(p.momentum, (p.size,)), scratch,
+                 p.lr, p.wd, momentum, rescale_grad, clip_gradient)
 
     def state(self, key, weight):
         """The updater's state of ``key``, made as MXNet's Updater makes it."""

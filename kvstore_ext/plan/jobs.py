@@ -23,6 +23,10 @@ from ..metrics import RUSAGE_COUNTS
 
 #: the variables that set how MXNet computes on a CPU, reported beside a compute measurement
 ENV_SHOWN = ("OMP_NUM_THREADS", "MXNET_MKLDNN_ENABLED", "MXNET_ENGINE_TYPE")
+#: a layer's calls in a row last at least this long in each pass of ``--layer-times``: LeNet's
+#: pooling layers take ~0.1 ms, and six calls of them (the fixed count before) made lines with
+#: R^2 0.91-0.95 where a whole network's fit 0.99
+LAYER_SECONDS_PER_PASS = 0.03
 
 #: what a job reports of each server: the change of these over its timed rounds
 SERVER_COUNTS = ("cpu_s", "optimizer_cpu_s", "messages", "updates", *RUSAGE_COUNTS)
@@ -103,7 +107,8 @@ def layer_times(args) -> int:
         names.append(f"{i}:{type(layer).__name__}")
         h = layer(h)
         activations += h.size / b
-    seconds = timed(steps, passes=args.rounds, reps=3, warmup=args.warmup)
+    seconds = timed(steps, passes=args.rounds, reps=3, warmup=args.warmup,
+                    min_seconds=LAYER_SECONDS_PER_PASS)
     with open(args.result, "w") as f:
         json.dump({"model": args.model, "batch_size": b, "whole": seconds.pop("whole"),
                    "layers": [seconds[i] for i in range(len(names))], "names": names,

@@ -9,7 +9,7 @@ import pytest
 from kvstore_ext.plan.calibrate import fit
 from kvstore_ext.plan.model import Costs, ModelProfile, busiest, iteration_time, predict
 from kvstore_ext.plan.search import Space, evaluate, knees, rank
-from kvstore_ext.plan.timing import trimmed_mean
+from kvstore_ext.plan.timing import sample, trimmed_mean
 from kvstore_ext.plan.validate import kendall_tau, knee_of
 from kvstore_ext.ps.partition import Partitioner
 from kvstore_ext.simulate import simulate
@@ -369,6 +369,26 @@ def test_jobs_in_two_modes_are_summarised_by_a_trimmed_mean_not_a_median():
     assert trimmed_mean([0.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0], drop=1) == pytest.approx(1.8)
     assert trimmed_mean([3.0, 1.0, 2.0], drop=1) == pytest.approx(2.0)
     assert trimmed_mean([1.0, 4.0], drop=1) == pytest.approx(2.5)   # too few to trim: all
+
+
+def test_a_cheap_function_is_called_often_enough_to_trim_a_stray_call():
+    """``min_seconds`` gives a cheap call enough repetitions in each pass to last that long
+    (capped), so the trimmed mean has calls to trim; a costly one keeps ``reps``."""
+    calls = {"cheap": 0, "costly": 0}
+
+    def cheap():
+        calls["cheap"] += 1
+
+    def costly():
+        calls["costly"] += 1
+        time.sleep(0.02)
+
+    times = sample({"cheap": cheap, "costly": costly}, passes=2, reps=3, warmup=1,
+                   min_seconds=0.01, max_reps=40)
+    assert len(times["cheap"]) == 2 * 40 and calls["cheap"] == 1 + 2 * 40
+    assert len(times["costly"]) == 2 * 3 and calls["costly"] == 1 + 2 * 3
+    # without it, every function gets ``reps`` calls a pass, as before
+    assert {k: len(v) for k, v in sample({"cheap": cheap}, 2, 3, 1).items()} == {"cheap": 6}
 
 
 def test_fit_recovers_exact_coefficients():

@@ -30,14 +30,15 @@ def sample(fns: dict, passes: int = 3, reps: int = 5, warmup: int = 2,
     long (at most ``max_reps``), judged from its last warm-up call.  With a fixed handful of
     calls a 100 µs layer's mean was one stray slow call away from a wrong point: the trimmed
     mean of six calls trims none."""
-    counts = {}
+    counts = dict.fromkeys(fns, reps)
     for label, fn in fns.items():
-        for _ in range(max(warmup, 1 if min_seconds > 0 else 0)):
+        last = 0.0
+        for _ in range(max(warmup, 1) if min_seconds > 0 else warmup):
             t0 = time.perf_counter()
             fn()
             last = time.perf_counter() - t0
-        counts[label] = reps if min_seconds <= 0 else \
-            max(reps, min(max_reps, math.ceil(min_seconds / max(last, 1e-9))))
+        if min_seconds > 0:
+            counts[label] = max(reps, min(max_reps, math.ceil(min_seconds / max(last, 1e-9))))
     times = {label: [] for label in fns}
     for _ in range(passes):
         for label, fn in fns.items():

@@ -32,6 +32,8 @@ from .protocol import Op
 log = logging.getLogger("kvstore_ext")
 
 
+#: the errors that stop the whole job (every later call fails with one of them too)
+JOB_STOPS = (NodeLostError, JobAbortedError)
 #: the ``kind`` of a server's error reply -> the exception the worker raises
 ERROR_KINDS = {"error": KVStoreError, "worker_lost": WorkerLostError,
                "server_lost": ServerLostError, "scheduler_lost": SchedulerLostError,
@@ -199,6 +201,7 @@ class Connection:
         self.failure: str | None = None
         self.failure_type: type = KVStoreError
         self.unreported: Exception | None = None   # an engine operation's error not raised yet
+        self.stop_raised = False   # the caller has been told the job stopped (see raised())
         self.inflight = 0                           # bytes of requests not yet answered
         self.bytes_sent = self.bytes_received = 0   # array bytes of requests and replies
         self.store = store
@@ -309,7 +312,15 @@ class Connection:
             self.inflight -= ticket.nbytes
 
     def raise_failure(self):
-        raise self.failure_type(self.failure)
+        raise self.raised(self.failure_type(self.failure))
+
+    def raised(self, exc: Exception) -> Exception:
+        """``exc`` is about to reach the caller.  Once the job's stop has, the engine
+        operations still waiting fail with that same stop: none of them is an error
+        nobody saw (see :meth:`close`)."""
+        if isinstance(exc, JOB_STOPS):
+            self.stop_raised = True
+        return exc
 
     # -- requests -----------------------------------------------------------------------------
     def send(self, messages: dict[int, tuple[dict, list]]) -> dict[int, Ticket]:
@@ -365,7 +376,7 @@ class Connection:
                     ticket.fail(self.failure, self.failure_type)
         failed = [t for t in tickets.values() if t.error]
         if failed:
-            raise failed[0].error_type(failed[0].error)
+            raise self.raised(failed[0].error_type(failed[0].error))
         return {s: (t.header, t.buffers) for s, t in tickets.items()}
 
     def wait_parts(self, tickets: dict[int, Ticket], counts: dict[int, int], pull,
@@ -463,7 +474,9 @@ class Connection:
                 mxnet.nd.waitall()
             except Exception:
                 pass
-            if self.unreported is not None:   # an asynchronous error nobody has seen: exit 1
+            if self.unreported is not None and not (self.stop_raised and
+                                                    isinstance(self.unreported, JOB_STOPS)):
+                # an asynchronous error nobody has seen: exit 1
                 import sys
                 sys.stdout.flush()
                 print(f"kvstore_ext: an asynchronous kvstore operation failed and no later call "

@@ -320,7 +320,7 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         exc, self._deferred_error = self._deferred_error, None
         if exc is not None:
             self._conn.unreported = None
-            raise exc
+            raise self._conn.raised(exc)
 
     def _settle(self) -> None:
         """Before a call that is not a pushpull: no held call, no unanswered request

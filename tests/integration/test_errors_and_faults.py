@@ -47,8 +47,9 @@ def test_dead_worker_stops_the_job_with_its_name(tmp_path):
     job = ManualJob(tmp_path, 2, "fail", ["dist_bsp", "200"])
     try:
         t0 = time.monotonic()
-        assert job.workers[0].wait(timeout=30) == 4
+        code = job.workers[0].wait(timeout=30)
         elapsed = time.monotonic() - t0
+        assert code == 4, job.output(0)
         out = job.output(0)
         # the killed process's connection closes at once: no heartbeat timeout to wait for
         assert "worker 1 died" in out and "connection to the scheduler closed" in out, out
@@ -57,6 +58,23 @@ def test_dead_worker_stops_the_job_with_its_name(tmp_path):
         # the scheduler and the server shut down by themselves
         assert all(p.wait(timeout=20) is not None for p in job.procs)
         assert elapsed < 25
+    finally:
+        job.kill()
+
+
+def test_an_operation_failing_after_the_caught_stop_keeps_the_exit_code(tmp_path):
+    """A write-back that MXNet's engine starts only after the script caught the job's stop
+    fails with that stop: it was reported, so the process exits with the script's code, not 1
+    with "no later call reported it" (seen when the last rounds' write-backs failed after the
+    first had been raised)."""
+    job = ManualJob(tmp_path, 2, "fail", ["dist_bsp"], script="fails_after_stop.py")
+    try:
+        code = job.workers[0].wait(timeout=30)
+        out = job.output(0)
+        assert "worker 0 caught WorkerLostError: worker 1 died" in out, out
+        assert "let the held write-back fail" in out, out
+        assert "no later call reported it" not in out, out
+        assert code == 4, out
     finally:
         job.kill()
 

@@ -414,35 +414,65 @@ def measure_allreduce(workers: int = 2, jobs: int = 5) -> dict | None:
                                     for kind in ("seconds", "cpu_s")} for run in runs]}
 
 
-def calibrate(models=("lenet", "cifar_resnet20_v1"), interference_counts=(1, 2, 4, 8),
-              progress=None, quick: bool = False) -> dict:
-    """Every measurement, the fits and the model's coefficients, as one JSON-ready dict."""
-    say = progress or (lambda name: None)
-    out = {"machine": {"host": platform.node(), "cores": os.cpu_count(),
-                       "python": platform.python_version(), "when": time.strftime("%Y-%m-%d %H:%M:%S")}}
-    quick_args = QUICK if quick else {}
-    say("compute")
-    out["compute"] = {m: measure_compute(m, **quick_args.get("compute", {})) for m in models}
-    say("interference")
-    interference = {"counts": interference_counts, **quick_args.get("interference", {})}
-    out["interference"] = measure_interference(**interference)
+def calibration_steps(models=("lenet", "cifar_resnet20_v1"), interference_counts=(1, 2, 4, 8),
+                      quick: bool = False) -> list:
+    """The calibration's measurements in order, as ``(name, measure)``: ``measure(out)``
+    adds its part to the calibration ``out`` (the runtime's fit needs the optimizer's)."""
+    q = QUICK if quick else {}
+    interference = {"counts": interference_counts, **q.get("interference", {})}
     # the Horovod stores' workers compute in another environment (MXNet's own kernels)
-    say("compute of Horovod workers")
     env = dict(horovod_worker_env(), MXNET_STORAGE_FALLBACK_LOG_VERBOSE="0")   # its notices
-    out["compute_horovod"] = {m: measure_compute(m, env=env, **quick_args.get("compute", {}))
-                              for m in models}
-    out["interference_horovod"] = measure_interference(env=env, **interference)
-    say("wire")
-    out["wire"] = measure_wire(**quick_args.get("wire", {}))
-    say("optimizer")
-    out["optimizer"] = measure_optimizer(**quick_args.get("optimizer", {}))
-    say("runtime")
-    out["runtime"] = measure_runtime(out["optimizer"]["fit"], **quick_args.get("runtime", {}))
-    out["quick"] = quick
+
+    def compute(out):
+        out["compute"] = {m: measure_compute(m, **q.get("compute", {})) for m in models}
+
+    def horovod(out):
+        out["compute_horovod"] = {m: measure_compute(m, env=env, **q.get("compute", {}))
+                                  for m in models}
+        out["interference_horovod"] = measure_interference(env=env, **interference)
+    steps = [
+        ("compute", compute),
+        ("interference", lambda out: out.update(interference=measure_interference(**interference))),
+        ("compute of Horovod workers", horovod),
+        ("wire", lambda out: out.update(wire=measure_wire(**q.get("wire", {})))),
+        ("optimizer", lambda out: out.update(optimizer=measure_optimizer(**q.get("optimizer", {})))),
+        ("runtime", lambda out: out.update(runtime=measure_runtime(
+            out["optimizer"]["fit"], **q.get("runtime", {}))))]
     if not quick:
-        say("allreduce")
-        out["allreduce"] = measure_allreduce()
-    return with_coefficients(out)
+        steps.append(("allreduce", lambda out: out.update(allreduce=measure_allreduce())))
+    return steps
+
+
+def calibrate(models=("lenet", "cifar_resnet20_v1"), interference_counts=(1, 2, 4, 8),
+              progress=None, quick: bool = False, runs: int = 1):
+    """Every measurement, the fits and the model's coefficients, as one JSON-ready dict.
+
+    ``runs`` > 1: that many independent calibrations (a list), made step by step in turn,
+    the order reversed at every step (A B, B A, A B, ...), so that the machine's drift over
+    the quarter hour a calibration takes falls on all of them alike.  Their differences are
+    then the method's, which two calibrations made one after the other cannot tell apart
+    from the machine's (docs/planner.md: every per-byte cost 12-28% slower 14 minutes on)."""
+    say = progress or (lambda name: None)
+    outs = [{"machine": {"host": platform.node(), "cores": os.cpu_count(),
+                         "python": platform.python_version(),
+                         "when": time.strftime("%Y-%m-%d %H:%M:%S")}, "quick": quick}
+            for _ in range(runs)]
+    for i, (name, measure) in enumerate(calibration_steps(models, interference_counts, quick)):
+        say(name)
+        for run in interleaved_order(runs, i):
+            measure(outs[run])
+    if runs > 1:
+        for run, out in enumerate(outs):
+            out["interleaved"] = {"run": run + 1, "of": runs}
+    done = [with_coefficients(out) for out in outs]
+    return done if runs > 1 else done[0]
+
+
+def interleaved_order(runs: int, step: int) -> list[int]:
+    """The order in which ``runs`` calibrations take their ``step``-th measurement: forward
+    at even steps, backward at odd ones (no run always measures first)."""
+    order = list(range(runs))
+    return order if step % 2 == 0 else order[::-1]
 
 
 def refit(data: dict) -> dict:

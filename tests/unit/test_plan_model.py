@@ -510,3 +510,27 @@ def test_the_runtime_sets_frames_are_the_transports():
     assert frames == {"256x1024": 0, "64x4096": 0, "64x16384": 64, "32x16384": 32,
                       "16x65536": 16, "8x65536": 8, "1x800000": 1, "8x100": 0, "1x100": 0,
                       "512x16": 0}
+
+
+def test_calibrations_made_together_take_each_step_in_turn_in_alternating_order(monkeypatch):
+    """``calibrate(runs=2)`` (``calibrate --repeat-out``): every step is measured for both
+    calibrations before the next begins, A B then B A, each into its own result."""
+    from kvstore_ext.plan import calibrate as cal
+    log = []
+
+    def steps(models, counts, quick):
+        def measure(name):
+            return lambda out: (log.append((name, out)), out.setdefault("steps", []).append(name))
+        return [(name, measure(name)) for name in ("compute", "wire", "optimizer")]
+    monkeypatch.setattr(cal, "calibration_steps", steps)
+    monkeypatch.setattr(cal, "with_coefficients", lambda out: out)
+    a, b = cal.calibrate(runs=2)
+    assert a is not b
+    assert [(name, "A" if out is a else "B") for name, out in log] == [
+        ("compute", "A"), ("compute", "B"), ("wire", "B"), ("wire", "A"),
+        ("optimizer", "A"), ("optimizer", "B")]
+    assert a["steps"] == b["steps"] == ["compute", "wire", "optimizer"]
+    assert (a["interleaved"], b["interleaved"]) == ({"run": 1, "of": 2}, {"run": 2, "of": 2})
+    assert cal.interleaved_order(3, 1) == [2, 1, 0]
+    single = cal.calibrate()
+    assert isinstance(single, dict) and "interleaved" not in single

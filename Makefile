@@ -105,13 +105,12 @@ bench-dcs3gd: setup
 	$(PY) scripts/bench_dcs3gd.py --trials 3 --out results/bench
 	$(PY) scripts/bench_dcs3gd.py --trials 3 --device-s 0.1 --batch-size 16 --out results/bench/device
 
-# the planner against real jobs: calibrate (twice: repeatability), then validate: a grid of
+# the planner against real jobs: calibrate (two calibrations measured in turn: repeatability), then validate: a grid of
 # parameter-server jobs, then SSGD against DC-S3GD on 2 Horovod workers, on the CPU and on a
 # simulated 100 ms device (about 45 minutes; results/plan)
 bench-plan: setup
-	$(PY) -m kvstore_ext.plan calibrate --out results/plan/calibration.json
-	$(PY) -m kvstore_ext.plan calibrate --out results/plan/calibration_repeat.json
-	$(PY) -m kvstore_ext.plan compare results/plan/calibration.json results/plan/calibration_repeat.json || true
+	$(PY) -m kvstore_ext.plan calibrate --out results/plan/calibration.json \
+	    --repeat-out results/plan/calibration_repeat.json
 	$(PY) -m kvstore_ext.plan validate --trials 3 --out results/plan
 
 # 1,024 virtual workers of LeNet on MNIST, every paradigm, in one process (results/virtual_mnist_1024)

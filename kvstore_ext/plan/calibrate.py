@@ -249,7 +249,7 @@ OPTIMIZER_CACHED_ELEMENTS = 2_100_000
 
 
 def measure_optimizer(keys=(1, 8, 64, 256, 1024), sizes=(100, 1_000, 16_000, 100_000),
-                      passes: int = 5, reps: int = 10) -> dict:
+                      passes: int = 2, reps: int = 10, processes: int = 4) -> dict:
     """The servers' optimizer as they call it, in a loop (its arrays stay in the caches; the
     servers' own timing of it in place is reported beside, :func:`fit_runtime`):
     :meth:`ServerOptimizer.apply_runs
@@ -258,7 +258,36 @@ def measure_optimizer(keys=(1, 8, 64, 256, 1024), sizes=(100, 1_000, 16_000, 100
     (a group's blocks, one kernel array), up to :data:`OPTIMIZER_CACHED_ELEMENTS` (beyond, the
     update's arrays leave the L3 cache, and an element costs 1.7 times as much).
     Timing separate arrays instead would charge a kernel array per key (6 us here) that the
-    servers do not pay, and leave the servers' own per-key cost to absorb the difference."""
+    servers do not pay, and leave the servers' own per-key cost to absorb the difference.
+
+    Each of ``processes`` new processes times every point (``passes`` x ``reps`` calls), and
+    a point is the mean over the processes: a call's fixed cost is set when a process starts
+    and kept (one key of 100 elements: 128-142 us in one process, 165-187 in three others,
+    each within 10% over three measurements), so one process made the per-call term a draw
+    (two calibrations measured in turn: 151 and 206 us, 2026-11-28)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = _OPTIMIZER_POINTS.format(root=root, keys=tuple(keys), sizes=tuple(sizes),
+                                    passes=passes, reps=reps)
+    runs = [json.loads(subprocess.run([sys.executable, "-c", code], check=True, text=True,
+                                      stdout=subprocess.PIPE).stdout)
+            for _ in range(processes)]
+    rows = [(k, p, float(np.mean([run[i][2] for run in runs])))
+            for i, (k, p, _) in enumerate(runs[0])]
+    return {"points": [list(r) for r in rows], "processes": processes,
+            "fit": fit_optimizer(rows)}
+
+
+_OPTIMIZER_POINTS = r"""
+import json, sys
+sys.path.insert(0, {root!r})
+from kvstore_ext.plan.calibrate import optimizer_points
+print(json.dumps(optimizer_points({keys!r}, {sizes!r}, {passes}, {reps})))
+"""
+
+
+def optimizer_points(keys, sizes, passes: int, reps: int) -> list:
+    """``[keys, params, seconds]`` of one call of the servers' optimizer, in this process
+    (:func:`measure_optimizer` runs it in new ones)."""
     import mxnet as mx
     from ..optimizers import FlatArrays, Run, ServerOptimizer
     applies = {}
@@ -278,9 +307,7 @@ def measure_optimizer(keys=(1, 8, 64, 256, 1024), sizes=(100, 1_000, 16_000, 100
                 opt.apply_runs([run])
                 mx.nd.waitall()
             applies[(k, k * size)] = apply
-    seconds = timed(applies, passes, reps)
-    rows = [(k, p, t) for (k, p), t in seconds.items()]
-    return {"points": [list(r) for r in rows], "fit": fit_optimizer(rows)}
+    return [[k, p, t] for (k, p), t in timed(applies, passes, reps).items()]
 
 
 def fit_optimizer(points) -> dict:
@@ -381,7 +408,8 @@ def fit_runtime(rows: list[dict], optimizer_fit: dict) -> dict:
 QUICK = {"compute": {"batch_sizes": (16, 64), "passes": 1, "reps": 2},
          "interference": {"counts": (1, 2), "seconds": 1.0, "rounds": 1},
          "wire": {"passes": 2, "reps": 3, "echoes": 1},
-         "optimizer": {"keys": (1, 64), "sizes": (1_000, 100_000), "passes": 1, "reps": 2},
+         "optimizer": {"keys": (1, 64), "sizes": (1_000, 100_000), "passes": 1, "reps": 2,
+                       "processes": 1},
          "runtime": {"sets": ("lenet", "256x1024", "16x65536", "8x100"), "repeats": 1,
                      "rounds": 15}}
 

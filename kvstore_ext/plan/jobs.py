@@ -219,6 +219,7 @@ def worker(args) -> int:
 #: small-message path is slower than the ring's latency (4 KB took 2-3 ms, 64 KB 1.5-2); above,
 #: the buffers leave the L3 cache (32 MB took 5.1x the time of 8 MB)
 ALLREDUCE_SIZES = (1 << 14, 1 << 16, 1 << 18, 1 << 19, 1 << 20, 1 << 21)
+CPU_PASSES = 4   # passes over the sizes in which an allreduce's CPU is counted
 
 
 def allreduce_worker(args) -> int:
@@ -238,14 +239,17 @@ def allreduce_worker(args) -> int:
     seconds = timed({size: allreduce(size) for size in ALLREDUCE_SIZES}, passes=3,
                     reps=args.rounds, warmup=args.warmup)
     # the CPU the process spends per allreduce (Horovod's thread and Gloo's included): what it
-    # takes from a host's cores, which DC-S3GD cannot hide behind a compute that needs them
-    cpu = {}
-    for size in ALLREDUCE_SIZES:
-        run = allreduce(size)
-        c0 = time.process_time()
-        for _ in range(args.rounds):
-            run()
-        cpu[size] = (time.process_time() - c0) / args.rounds
+    # takes from a host's cores, which DC-S3GD cannot hide behind a compute that needs them;
+    # the sizes interleaved over passes as for the time (one block of 30 per size left the
+    # fitted CPU per allreduce 0.56 ms in one calibration, 0.87 in the next, 2026-11-28)
+    cpu = dict.fromkeys(ALLREDUCE_SIZES, 0.0)
+    for _ in range(CPU_PASSES):
+        for size in ALLREDUCE_SIZES:
+            run = allreduce(size)
+            c0 = time.process_time()
+            for _ in range(args.rounds):
+                run()
+            cpu[size] += (time.process_time() - c0) / (args.rounds * CPU_PASSES)
     with open(args.result.replace("{rank}", str(hvd.rank())), "w") as f:
         json.dump({"rank": hvd.rank(), "workers": hvd.size(),
                    "seconds": {str(k): v for k, v in seconds.items()},

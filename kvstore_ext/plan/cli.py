@@ -399,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "interference between processes, wire latency and bandwidth, "
                                    "the optimizer, and the worker's and server's CPU per message, "
                                    "key and byte in real jobs; write them as JSON with each "
-                                   "fit's R^2 (about 10 minutes here).")
+                                   "fit's R^2 (about 14 minutes here).")
     c.add_argument("--out", default=DEFAULT_CALIBRATION,
                    help=f"the calibration JSON to write (default {DEFAULT_CALIBRATION})")
     c.add_argument("--models", default="lenet,cifar_resnet20_v1",

@@ -27,6 +27,8 @@ import time
 
 import numpy as np
 
+from .link import unseen
+
 QUIET = 0.001
 #: the longest wait between two looks at a caller that is at work (preempted, or busy)
 PATIENCE = 0.016
@@ -295,8 +297,9 @@ class Coalescer:
         batch, self._open = self._open, None
         self._previous = (batch.first_key, batch.last_key)
         try:
-            batch.tickets = self._send({s: ({"op": batch.op, "items": its}, bufs)
-                                        for s, (its, bufs, _) in batch.plan.items()})
+            with unseen():       # an error is the batch's: its write-back defers it
+                batch.tickets = self._send({s: ({"op": batch.op, "items": its}, bufs)
+                                            for s, (its, bufs, _) in batch.plan.items()})
         except Exception as exc:
             batch.error = exc
         finally:

@@ -12,6 +12,7 @@ bytes of unanswered requests would pass the job's window (``--window-mb``).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import logging
 import os
@@ -34,6 +35,18 @@ log = logging.getLogger("kvstore_ext")
 
 #: the errors that stop the whole job (every later call fails with one of them too)
 JOB_STOPS = (NodeLostError, JobAbortedError)
+_UNSEEN = threading.local()   # depth of unseen() on this thread
+
+
+@contextlib.contextmanager
+def unseen():
+    """Errors raised inside go to an engine operation or a held batch, not to the caller
+    (they reach the caller later, deferred, or the process exits 1 with them)."""
+    _UNSEEN.depth = getattr(_UNSEEN, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _UNSEEN.depth -= 1
 #: the ``kind`` of a server's error reply -> the exception the worker raises
 ERROR_KINDS = {"error": KVStoreError, "worker_lost": WorkerLostError,
                "server_lost": ServerLostError, "scheduler_lost": SchedulerLostError,
@@ -318,7 +331,7 @@ class Connection:
         """``exc`` is about to reach the caller.  Once the job's stop has, the engine
         operations still waiting fail with that same stop: none of them is an error
         nobody saw (see :meth:`close`)."""
-        if isinstance(exc, JOB_STOPS):
+        if isinstance(exc, JOB_STOPS) and not getattr(_UNSEEN, "depth", 0):
             self.stop_raised = True
         return exc
 

@@ -31,7 +31,7 @@ from mxnet.kvstore import KVStoreBase
 from .. import registry
 from .. import engine
 from .batching import CheckedArrays, Coalescer, Staging, WriteBack
-from .link import Connection
+from .link import Connection, unseen
 from ..errors import KVStoreError
 from ..keys import MXNetCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
 from ..keys import refuse_sparse
@@ -299,7 +299,8 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         def timed_fetch():
             t0 = time.perf_counter()
             try:
-                return fetch()
+                with unseen():       # on an engine thread: its errors are deferred
+                    return fetch()
             finally:
                 self._metrics.add_wait(time.perf_counter() - t0)
         return WriteBack(timed_fetch, self._defer)

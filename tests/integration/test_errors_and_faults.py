@@ -79,6 +79,19 @@ def test_an_operation_failing_after_the_caught_stop_keeps_the_exit_code(tmp_path
         job.kill()
 
 
+def test_a_stop_only_an_engine_operation_met_still_exits_non_zero(tmp_path):
+    """The other side of the test above: the stop failed a write-back in the engine and no
+    later call raised it, so the caller never saw it: exit 1, naming it."""
+    job = ManualJob(tmp_path, 2, "fail", ["dist_bsp"], script="stop_never_seen.py")
+    try:
+        code = job.workers[0].wait(timeout=30)
+        out = job.output(0)
+        assert "no later call reported it: worker 1 died" in out, out
+        assert code == 1, out
+    finally:
+        job.kill()
+
+
 def test_dead_worker_can_be_left_behind_when_elastic(tmp_path):
     job = ManualJob(tmp_path, 2, "continue", ["dist_bsp", "60"])
     try:

@@ -129,7 +129,9 @@ for line in sys.stdin:                  # "go SECONDS": time steps for that long
     end = time.perf_counter() + float(window)
     while time.perf_counter() < end:
         t0 = time.perf_counter(); step(); times.append(time.perf_counter() - t0)
-    print(trimmed_mean(times), flush=True)
+    mean = sum(times) / len(times)
+    spread = (sum((t - mean) ** 2 for t in times) / max(len(times) - 1, 1)) ** 0.5
+    print(trimmed_mean(times), spread / mean, flush=True)   # the step's time, its jitter
 """
 
 
@@ -144,7 +146,12 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
     alone, the same probe within 5% from round to round), so one probe's baseline made the
     factor a draw of which process it was (C_interf(8) 4.27 in one calibration, 5.56 in the
     next).  ``env``: the probes' environment (by default this one's: the threads a
-    parameter-server job's workers get, launch.py leaves them as they are)."""
+    parameter-server job's workers get, launch.py leaves them as they are).
+
+    ``step_cv[k]``: the jitter of one step among k computing together, its standard deviation
+    over its mean (the mean over the probes, the median over rounds): what a step's compute
+    varies by from one iteration to the next, which the model's expected maximum of a compute
+    and a communication that overlap needs (:func:`.model.expected_max`)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = _PROBE.format(root=root, model=model, batch=batch)
     env = dict(os.environ) if env is None else env
@@ -153,9 +160,11 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
         for p in procs:          # all start together
             p.stdin.write(f"go {window}\n")
             p.stdin.flush()
-        return [float(p.stdout.readline()) for p in procs]
+        lines = [p.stdout.readline().split() for p in procs]
+        jitter.append([float(cv) for _, cv in lines])
+        return [float(seconds) for seconds, _ in lines]
 
-    together, alone, factor, per_probe = {}, {}, {}, {}
+    together, alone, factor, per_probe, step_cv = {}, {}, {}, {}, {}
     for k in counts:
         procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, env=env) for _ in range(k)]
@@ -163,10 +172,12 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
             for p in procs:
                 if p.stdout.readline().strip() != "ready":
                     raise RuntimeError(f"an interference probe of {model} failed to start")
-            rows = []
+            rows, cvs = [], []
             for _ in range(rounds if k > 1 else 1):
+                jitter = []
                 alone_each = [run([p], seconds / 2)[0] for p in procs]
                 rows.append((alone_each, run(procs, seconds) if k > 1 else alone_each))
+                cvs.append(statistics.mean(jitter[-1]))   # of the steps run together
         finally:
             for p in procs:
                 p.kill()
@@ -175,8 +186,9 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
         together[k] = statistics.median(statistics.mean(t) for _, t in rows)
         factor[k] = statistics.median(statistics.mean(t) / statistics.mean(a) for a, t in rows)
         per_probe[k] = [{"alone": a, "together": t} for a, t in rows]
+        step_cv[k] = statistics.median(cvs)
     return {"model": model, "batch": batch, "seconds": together, "alone_seconds": alone,
-            "factor": factor, "per_probe_seconds": per_probe,
+            "factor": factor, "step_cv": step_cv, "per_probe_seconds": per_probe,
             "environment": {k: v for k, v in env.items() if k in ENV_SHOWN}}
 
 
@@ -525,9 +537,15 @@ def with_coefficients(out: dict) -> dict:
         "latency": out["wire"]["latency"], "bandwidth": out["wire"]["bandwidth"],
         "interference": {str(k): v for k, v in out["interference"]["factor"].items()},
         "cores": out["machine"].get("cores") or os.cpu_count() or 1}
+    if "step_cv" in out["interference"]:     # calibrations made before it measured none
+        out["coefficients"]["compute_cv"] = {
+            str(k): v for k, v in out["interference"]["step_cv"].items()}
     if out.get("interference_horovod"):
         out["coefficients"]["horovod_interference"] = {
             str(k): v for k, v in out["interference_horovod"]["factor"].items()}
+        if "step_cv" in out["interference_horovod"]:
+            out["coefficients"]["horovod_compute_cv"] = {
+                str(k): v for k, v in out["interference_horovod"]["step_cv"].items()}
     if out.get("allreduce"):
         out["coefficients"]["allreduce_latency"] = out["allreduce"]["latency"]
         out["coefficients"]["allreduce_bandwidth"] = out["allreduce"]["bandwidth"]
@@ -593,7 +611,7 @@ def repeatability(a: dict, b: dict) -> list[dict]:
         for k, v in c.items():
             if isinstance(v, dict):         # interference factors by process count
                 out.update({f"{k}@{n}": float(f) for n, f in v.items()})
-            elif k != "cores":
+            elif k != "cores" and v is not None:    # None: not measured
                 out[k] = float(v)
         for model, prof in data.get("profiles", {}).items():
             out[f"{model} compute/sample"] = float(prof["compute_per_sample"])

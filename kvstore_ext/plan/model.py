@@ -55,7 +55,8 @@ class Costs:
     (``horovod_interference[k]`` in the Horovod workers' environment, if measured).  Gloo's
     ring allreduce takes ``allreduce_latency`` per step and ``1 / allreduce_bandwidth`` per
     byte of wall time, and ``allreduce_cpu_latency`` and ``allreduce_cpu_byte`` of a worker's
-    CPU.
+    CPU.  ``compute_cv[k]`` (``horovod_compute_cv[k]``) is the jitter of one step's compute
+    when k compute at once, its standard deviation over its mean; none measured: no jitter.
     """
 
     worker_msg: float = 2e-4
@@ -76,6 +77,8 @@ class Costs:
     allreduce_cpu_byte: float = 0.0
     interference: dict = field(default_factory=lambda: {1: 1.0})
     horovod_interference: dict | None = None
+    compute_cv: dict = field(default_factory=dict)
+    horovod_compute_cv: dict | None = None
     cores: int = 2
 
     def apply_seconds(self, keys, params):
@@ -99,13 +102,22 @@ class Costs:
         ``horovod``: of Horovod workers (their own measurement, if there is one)."""
         table = self.horovod_interference if horovod and self.horovod_interference \
             else self.interference
-        ks = np.array(sorted(int(x) for x in table), dtype=float)
-        fs = np.array([table[int(x)] for x in ks], dtype=float)
+        ks, fs = _points(table)
         k = np.asarray(k, dtype=float)
         inside = np.interp(k, ks, fs)
         last_k, last_f = ks[-1], fs[-1]
         beyond = last_f * np.maximum(k, 1.0) / last_k
         return np.where(k > last_k, np.maximum(beyond, last_f), inside)
+
+    def compute_cv_at(self, k, horovod=False):
+        """The jitter of a step's compute at ``k`` concurrent processes (array or number):
+        measured points, linear between them, the last one's beyond; 0 if none measured."""
+        table = self.horovod_compute_cv if horovod and self.horovod_compute_cv \
+            else self.compute_cv
+        k = np.asarray(k, dtype=float)
+        if not table:
+            return np.zeros_like(k)
+        return np.interp(k, *_points(table))
 
     @classmethod
     def from_calibration(cls, data: dict) -> "Costs":
@@ -117,6 +129,30 @@ class Costs:
         def plain(v):
             return {str(a): b for a, b in sorted(v.items())} if isinstance(v, dict) else v
         return {k: plain(getattr(self, k)) for k in self.__dataclass_fields__}
+
+
+def _points(table: dict) -> tuple:
+    """A coefficient measured per process count, as sorted arrays ``(counts, values)``."""
+    ks = np.array(sorted(int(x) for x in table), dtype=float)
+    return ks, np.array([table[int(x)] for x in ks], dtype=float)
+
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def expected_max(a, b, sigma_a, sigma_b=0.0):
+    """E[max(X, Y)] of independent normal X (mean ``a``, deviation ``sigma_a``) and Y (``b``,
+    ``sigma_b``), by Clark's formula (1961); arrays broadcast, and with no deviation it is
+    ``max(a, b)``.  Two paths that run side by side and vary from step to step end, on
+    average, later than the longer of their means: by 0.40 x sqrt(sa^2 + sb^2) when the means
+    are equal, less as they part."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    theta = np.hypot(np.asarray(sigma_a, dtype=float), np.asarray(sigma_b, dtype=float))
+    safe = np.where(theta > 0, theta, 1.0)
+    alpha = (a - b) / safe
+    cdf = 0.5 * (1.0 + np.asarray(_erf(alpha / math.sqrt(2.0)), dtype=float))
+    pdf = np.exp(-0.5 * alpha * alpha) / math.sqrt(2.0 * math.pi)
+    return np.where(theta > 0, a * cdf + b * (1.0 - cdf) + theta * pdf, np.maximum(a, b))
 
 
 @dataclass
@@ -270,7 +306,14 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
     ring_cpu = np.where(n > 1, 2 * (n - 1) * costs.allreduce_cpu_latency
                         + 2 * (n - 1) / n * nbytes * costs.allreduce_cpu_byte, 0.0)
     hidden = np.where(store == "dist_dcs3gd", overlap, 0.0)
-    ar_time = slowest + worker_cpu * lockstep + np.maximum(ring - hidden * slowest, 0.0)
+    # the hidden share of the compute and the ring run side by side: the step waits for the
+    # later of the two, and a compute that varies from step to step (the calibrated jitter of
+    # its CPU part) makes that later on average than the longer mean (Clark's expected max)
+    jitter = np.where(shared_host, host * np.where(allreduce, costs.compute_cv_at(n, horovod=True),
+                                                   costs.compute_cv_at(n)), 0.0)
+    side_by_side_ring = expected_max(hidden * slowest, ring, hidden * jitter)
+    exposed_ring = side_by_side_ring - hidden * slowest
+    ar_time = slowest + worker_cpu * lockstep + exposed_ring
     seconds = np.where(sync, sync_time, np.where(allreduce, ar_time, async_time))
 
     # one host's cores: every process's CPU in the time of one iteration of each worker
@@ -308,8 +351,7 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
     parts["compute"] = zero + compute
     parts["barrier wait"] = zero + np.where(sync | allreduce, slowest - compute, 0.0)
     parts["worker CPU"] = zero + worker_cpu
-    parts["worker link"] = zero + np.where(allreduce, np.maximum(ring - hidden * slowest, 0.0),
-                                           link)
+    parts["worker link"] = zero + np.where(allreduce, exposed_ring, link)
     parts["server CPU"] = zero + np.where(
         allreduce, 0.0, np.where(sync, np.where(server_round >= server_link, server_round, 0.0),
                                  push_cpu + apply_cpu + np.where(cpu_bound_srv, async_wait, 0.0)))

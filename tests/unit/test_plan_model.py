@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from kvstore_ext.plan.calibrate import fit
-from kvstore_ext.plan.model import Costs, ModelProfile, busiest, iteration_time, predict
+from kvstore_ext.plan.model import (Costs, ModelProfile, busiest, expected_max, iteration_time,
+                                    predict)
 from kvstore_ext.plan.search import Space, evaluate, knees, rank
 from kvstore_ext.plan.timing import sample, trimmed_mean
 from kvstore_ext.plan.validate import kendall_tau, knee_of
@@ -175,6 +176,51 @@ def test_the_rings_cpu_is_on_the_hosts_roofline_and_dcs3gd_cannot_hide_it_there(
     assert one("dist_bsp", 2, device=0.0, host=0.02, shared=True, c=c)[0] == pytest.approx(
         one("dist_bsp", 2, device=0.0, host=0.02, shared=True,
             c=costs(interference={1: 1.0, 2: 1.0}))[0])
+
+
+def test_expected_max_is_clarks_formula_against_draws():
+    """Equal means: the later of two paths ends 0.40 x theta after them; apart, the longer
+    one's mean; no deviation, the plain max; and Monte Carlo agrees in between."""
+    assert float(expected_max(0.05, 0.05, 0.01)) == pytest.approx(0.05 + 0.01 / np.sqrt(2 * np.pi))
+    assert float(expected_max(0.05, 0.05, 0.006, 0.008)) == pytest.approx(
+        0.05 + 0.01 / np.sqrt(2 * np.pi))
+    assert float(expected_max(0.05, 0.02, 0.002)) == pytest.approx(0.05, rel=1e-9)
+    assert float(expected_max(0.03, 0.04, 0.0)) == 0.04
+    rng = np.random.default_rng(0)
+    for a, b, sa, sb in ((0.05, 0.055, 0.01, 0.0), (0.02, 0.015, 0.004, 0.003), (1.0, 0.9, 0.2, 0.1)):
+        draws = np.maximum(rng.normal(a, sa, 400_000), rng.normal(b, sb, 400_000) if sb else b)
+        assert float(expected_max(a, b, sa, sb)) == pytest.approx(draws.mean(), rel=2e-3)
+    grid = expected_max(np.array([0.01, 0.05, 0.09]), 0.05, np.array([0.0, 0.01, 0.01]))
+    assert grid.shape == (3,) and grid[0] == 0.05 and grid[2] > 0.09
+
+
+def test_a_jittery_compute_makes_dcs3gd_wait_for_the_ring_it_hides_on_average():
+    """DC-S3GD with communication as long as the compute: the step waits for the later of the
+    two; with the host's step jitter calibrated (compute_cv) that is later on average by
+    0.40 x the compute's deviation.  SSGD, which hides nothing, and a ring far shorter than
+    the compute are not moved; no jitter measured, nothing changes."""
+    host, wire = 0.05, 0.05
+    c0 = costs(interference={1: 1.0, 2: 1.0}, allreduce_latency=0.0, allreduce_bandwidth=1e15)
+    c1 = costs(interference={1: 1.0, 2: 1.0}, allreduce_latency=0.0, allreduce_bandwidth=1e15,
+               compute_cv={1: 0.1, 2: 0.2})
+    worker = one("dist_dcs3gd", 2, device=0.0, host=host, shared=True, c=c0)[1]["worker CPU"]
+    plain, _ = one("dist_dcs3gd", 2, device=0.0, host=host, shared=True, c=c0, wire_s=wire)
+    assert plain == pytest.approx(host + worker)                       # max(compute, ring)
+    jittery, parts = one("dist_dcs3gd", 2, device=0.0, host=host, shared=True, c=c1, wire_s=wire)
+    sigma = 0.2 * host
+    assert jittery == pytest.approx(plain + sigma / np.sqrt(2 * np.pi))
+    assert parts["worker link"] == pytest.approx(sigma / np.sqrt(2 * np.pi))
+    assert sum(v for k, v in parts.items()) == pytest.approx(jittery)
+    for store, w in (("dist_ssgd", wire), ("dist_dcs3gd", 0.0)):
+        assert one(store, 2, device=0.0, host=host, shared=True, c=c1, wire_s=w)[0] == \
+            pytest.approx(one(store, 2, device=0.0, host=host, shared=True, c=c0, wire_s=w)[0],
+                          rel=1e-6)
+    # the cv of the Horovod workers' own environment wins for the Horovod stores
+    c2 = costs(interference={1: 1.0, 2: 1.0}, allreduce_latency=0.0, allreduce_bandwidth=1e15,
+               compute_cv={2: 0.2}, horovod_compute_cv={2: 0.4})
+    assert one("dist_dcs3gd", 2, device=0.0, host=host, shared=True, c=c2, wire_s=wire)[0] == \
+        pytest.approx(plain + 0.4 * host / np.sqrt(2 * np.pi))
+    assert float(c1.compute_cv_at(8)) == 0.2 and float(c0.compute_cv_at(2)) == 0.0
 
 
 def test_horovod_workers_compute_and_share_a_host_as_measured_in_their_environment():

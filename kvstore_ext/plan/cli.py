@@ -396,17 +396,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("calibrate", help="measure the model's coefficients on this machine",
                        description="Measure per-layer compute against batch size, compute "
-                                   "interference between processes, wire latency and bandwidth, "
+                                   "interference between processes and a step's jitter, wire "
+                                   "latency and bandwidth, "
                                    "the optimizer, and the worker's and server's CPU per message, "
                                    "key and byte in real jobs; write them as JSON with each "
-                                   "fit's R^2 (about 14 minutes here).")
+                                   "fit's R^2 (about 14 minutes here; 20 on a slower day).")
     c.add_argument("--out", default=DEFAULT_CALIBRATION,
                    help=f"the calibration JSON to write (default {DEFAULT_CALIBRATION})")
     c.add_argument("--models", default="lenet,cifar_resnet20_v1",
                    help="models to time layer by layer (gluon_trainers or GluonCV names; "
                         "default lenet,cifar_resnet20_v1)")
     c.add_argument("--interference", default="1,2,4,8",
-                   help="process counts at which to measure compute interference (default 1,2,4,8)")
+                   help="process counts at which to measure compute interference and a "
+                        "step's jitter (default 1,2,4,8)")
     c.add_argument("--quick", action="store_true",
                    help="fewer and shorter measurements (under a minute): checks the pipeline, "
                         "not good enough for figures")

@@ -55,6 +55,9 @@ def test_calibration_measures_every_coefficient(calibration):
     assert prof["horovod_compute_per_sample"] == horovod["fit"]["per_sample"] > 0
     assert prof["compute_per_sample"] == data["compute"]["lenet"]["fit"]["per_sample"] > 0
     assert set(c["horovod_interference"]) == {"1", "2"}
+    # a step's jitter at each count, in both environments (the model's expected maximum)
+    for name in ("compute_cv", "horovod_compute_cv"):
+        assert set(c[name]) == {"1", "2"} and all(0 < v < 2 for v in c[name].values()), c[name]
     assert {row["fit"] for row in data["fits"]} >= {"wire", "optimizer", "worker runtime",
                                                     "server runtime", "compute lenet"}
     # the servers time their own optimizer calls: part of their CPU, fitted and reported

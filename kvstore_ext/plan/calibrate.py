@@ -156,13 +156,13 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
     code = _PROBE.format(root=root, model=model, batch=batch)
     env = dict(os.environ) if env is None else env
 
-    def run(procs, window: float) -> list[float]:
+    def run(procs, window: float) -> tuple[list[float], list[float]]:
+        """Each probe's step time over ``window`` and its steps' jitter."""
         for p in procs:          # all start together
             p.stdin.write(f"go {window}\n")
             p.stdin.flush()
         lines = [p.stdout.readline().split() for p in procs]
-        jitter.append([float(cv) for _, cv in lines])
-        return [float(seconds) for seconds, _ in lines]
+        return [float(seconds) for seconds, _ in lines], [float(cv) for _, cv in lines]
 
     together, alone, factor, per_probe, step_cv = {}, {}, {}, {}, {}
     for k in counts:
@@ -174,10 +174,12 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
                     raise RuntimeError(f"an interference probe of {model} failed to start")
             rows, cvs = [], []
             for _ in range(rounds if k > 1 else 1):
-                jitter = []
-                alone_each = [run([p], seconds / 2)[0] for p in procs]
-                rows.append((alone_each, run(procs, seconds) if k > 1 else alone_each))
-                cvs.append(statistics.mean(jitter[-1]))   # of the steps run together
+                alone_runs = [run([p], seconds / 2) for p in procs]
+                alone_each = [times[0] for times, _ in alone_runs]
+                side_by_side, jitter = run(procs, seconds) if k > 1 else \
+                    (alone_each, [cv[0] for _, cv in alone_runs])
+                rows.append((alone_each, side_by_side))
+                cvs.append(statistics.mean(jitter))   # of the steps run together
         finally:
             for p in procs:
                 p.kill()

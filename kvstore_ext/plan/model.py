@@ -308,9 +308,9 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
     hidden = np.where(store == "dist_dcs3gd", overlap, 0.0)
     # the hidden share of the compute and the ring run side by side: the step waits for the
     # later of the two, and a compute that varies from step to step (the calibrated jitter of
-    # its CPU part) makes that later on average than the longer mean (Clark's expected max)
-    jitter = np.where(shared_host, host * np.where(allreduce, costs.compute_cv_at(n, horovod=True),
-                                                   costs.compute_cv_at(n)), 0.0)
+    # its CPU part, in the Horovod workers' environment: only dist_dcs3gd hides anything)
+    # makes that later on average than the longer mean (Clark's expected max)
+    jitter = np.where(shared_host, host * costs.compute_cv_at(n, horovod=True), 0.0)
     side_by_side_ring = expected_max(hidden * slowest, ring, hidden * jitter)
     exposed_ring = side_by_side_ring - hidden * slowest
     ar_time = slowest + worker_cpu * lockstep + exposed_ring

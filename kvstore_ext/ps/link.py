@@ -47,6 +47,8 @@ def unseen():
         yield
     finally:
         _UNSEEN.depth -= 1
+
+
 #: the ``kind`` of a server's error reply -> the exception the worker raises
 ERROR_KINDS = {"error": KVStoreError, "worker_lost": WorkerLostError,
                "server_lost": ServerLostError, "scheduler_lost": SchedulerLostError,

@@ -2,8 +2,6 @@
 engine starts its write-back only after the script has caught the job's stop (an operation
 holds the pull's array until then).  The write-back then fails with the same stop: the exit
 code stays the script's own (4)."""
-import os
-import signal
 import sys
 import threading
 
@@ -11,14 +9,9 @@ import mxnet as mx
 
 import kvstore_ext
 from kvstore_ext import engine
+from lose_worker_1 import one_key_then_worker_1_dies
 
-kv = mx.kv.create(sys.argv[1])
-kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1))
-w = mx.nd.zeros((4,))
-kv.init(0, w)
-kv.barrier()
-if kv.rank == 1:
-    os.kill(os.getpid(), signal.SIGKILL)
+kv, w = one_key_then_worker_1_dies()
 held, release = mx.nd.zeros((4,)), threading.Event()
 engine.push_async(lambda done: threading.Thread(target=lambda: (release.wait(), done())).start(),
                   [held])

@@ -48,8 +48,31 @@ class Job:
             pass
 
 
+def crash_reports(output: str) -> list[str]:
+    """The fault handler's reports in a job's output (a native crash: every thread's Python
+    stack), without their list of extension modules.  A test's message keeps only the end of
+    the output, where a crash early in a long log would not show."""
+    reports = []
+    start = output.find("Fatal Python error")
+    while start >= 0:
+        end = output.find("Fatal Python error", start + 1)
+        block = output[start:end if end >= 0 else len(output)]
+        reports.append("\n".join(line for line in block.splitlines()[:80]
+                                 if not line.startswith("Extension modules:")))
+        start = end
+    return reports
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.call_failed = report.failed
+
+
 @pytest.fixture
-def jobs():
+def jobs(request):
     started: list[Job] = []
 
     def start(argv, env=None, cwd=None) -> Job:
@@ -64,6 +87,10 @@ def jobs():
             job.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+    if getattr(request.node, "call_failed", False):
+        for job in started:
+            for report in crash_reports(job.output):
+                print(f"a process of {' '.join(job.argv[:4])} ... crashed:\n{report}")
 
 
 def launch_argv(workers: int, servers: int, command: list[str], *options: str) -> list[str]:

@@ -75,17 +75,23 @@ def test_eight_emulated_workers_do_what_the_simulator_predicts(run_job, tmp_path
     assert measured["SSP s=1"] >= 1.2 * measured["BSP"], measured
 
 
+DEVICE_BATCH = 256
+
+
 @pytest.mark.parametrize("kvstore,options", [
     ("dist_sync", ["--backend", "mxnet"]),        # MXNet's own store
     ("dist_ssgd", ["--launcher", "horovod"])],    # Horovod's allreduce
     ids=["mxnet-dist_sync", "horovod-dist_ssgd"])
 def test_devices_are_emulated_for_every_store(jobs, tmp_path, kvstore, options):
     """The emulation wraps the training loop, not the store: MXNet's and Horovod's stores get
-    the same device clock, logs and host share (GTX 1080 Ti and 1060, ResNet-110, batch 128)."""
+    the same device clock, logs and host share (GTX 1080 Ti and 1060, ResNet-110, batch 256).
+    At batch 128 the 1080 Ti's 57 ms step was shorter than the host's LeNet step beside a
+    Horovod job on a slow, loaded machine (a clean-clone run on 2026-11-28: host share 1.005),
+    where the emulation no longer holds; 114 ms leaves the host about half."""
     out = tmp_path / "run"
     argv = [sys.executable, os.path.join(ROOT, "scripts", "launch.py"), "-n", "2", "-s", "1",
             "--launcher", "local", "--device", "gtx1080ti,gtx1060",
-            "--device-model", "cifar_resnet110_v1", "--device-batch", "128",
+            "--device-model", "cifar_resnet110_v1", "--device-batch", str(DEVICE_BATCH),
             "--straggler-pattern", "jitter:0.2",
             "--metrics-dir", str(out / "metrics"), *options, sys.executable, TRAIN,
             "--kvstore", kvstore, "--max-steps", "12", "--batch-size", "32",
@@ -95,13 +101,13 @@ def test_devices_are_emulated_for_every_store(jobs, tmp_path, kvstore, options):
     assert code == 0, job.output[-3000:]
     logs = read_device_logs(str(out / "metrics"), 2)
     for rank, base in enumerate(
-            devices.parse_devices("gtx1080ti,gtx1060", 2, "cifar_resnet110_v1", 128)):
+            devices.parse_devices("gtx1080ti,gtx1060", 2, "cifar_resnet110_v1", DEVICE_BATCH)):
         result = read_json(str(out / f"worker-{rank}.json"))
         assert result["steps"] == len(logs[rank]) == 12
         assert result["straggler"]["host_share"] < 1
         assert result["straggler"]["device_s"] == pytest.approx(base)
         clock = DeviceClock.from_specs("gtx1080ti,gtx1060", ["jitter:0.2"], rank, 2,
-                                       "cifar_resnet110_v1", 128)
+                                       "cifar_resnet110_v1", DEVICE_BATCH)
         for row in logs[rank]:
             assert row["device_s"] == pytest.approx(clock.next_time(row["start_s"]))
             # each iteration lasted at least its device time: host work, then the sleep

@@ -24,6 +24,7 @@ The JSON it writes is what ``predict``, ``search`` and ``validate`` read.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import platform
@@ -68,16 +69,18 @@ def fit(columns: dict, y, nonnegative: bool = False, relative: bool = False) -> 
     return {**{k: float(c) for k, c in zip(names, coef)}, "r2": r2, "points": len(y)}
 
 
-def measure_compute(model: str, batch_sizes=(8, 16, 32, 64, 128), passes: int = 3,
-                    reps: int = 2, env: dict | None = None) -> dict:
-    """Per-layer and whole-network forward + backward seconds against the batch size.
+def measure_compute(model: str, batch_sizes=(8, 16, 32, 64, 128), passes: int = 5,
+                    reps: int = 2, env: dict | None = None):
+    """Per-layer and whole-network forward + backward seconds against the batch size (a
+    generator of measurement units, one per process: :func:`measured`).
 
     Each batch size is timed in a process of its own, as a training job runs one (a process
     that has run other batch sizes first ran LeNet's 128 at 27-29 ms, one that ran only 128 at
     22-24 ms: a 5-point line through the first kind bent to R^2 0.95).  ``passes`` processes
     per batch size, the sizes taken in turn so that drift spreads over all of them, each
     process's ``reps`` interleaved passes summarised by their trimmed mean, and the processes'
-    without the highest and lowest (the median of three).  ``env``: the processes'
+    without the highest and lowest (of three, LeNet's first convolution's line had R^2 0.9475
+    in one of two calibrations, 2026-11-28).  ``env``: the processes'
     environment (this one's if None); ``"environment"`` in the result is the part of it that
     sets how MXNet computes, as the timing processes saw it."""
     from .jobs import run_layer_times
@@ -86,6 +89,7 @@ def measure_compute(model: str, batch_sizes=(8, 16, 32, 64, 128), passes: int = 
     for _ in range(passes):
         for b in batch_sizes:
             runs[b].append(run_layer_times(model, b, reps, env))
+            yield
     def middle(values):
         return trimmed_mean(values, drop=1)
 
@@ -136,8 +140,9 @@ for line in sys.stdin:                  # "go SECONDS": time steps for that long
 
 
 def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4, 8),
-                         seconds: float = 2.0, rounds: int = 3, env: dict | None = None) -> dict:
-    """The slow-down of one process's compute when k processes compute at once: k probe
+                         seconds: float = 2.0, rounds: int = 5, env: dict | None = None):
+    """The slow-down of one process's compute when k processes compute at once (a generator
+    of measurement units, one per round: :func:`measured`): k probe
     processes are started once, then, ``rounds`` times, each computes alone in turn (for half
     of ``seconds``) and all k together; a round's factor is the mean of their times together
     over the mean of their times alone, and the factor is the median over rounds, so drift
@@ -151,7 +156,9 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
     ``step_cv[k]``: the jitter of one step among k computing together, its standard deviation
     over its mean (the mean over the probes, the median over rounds): what a step's compute
     varies by from one iteration to the next, which the model's expected maximum of a compute
-    and a communication that overlap needs (:func:`.model.expected_max`)."""
+    and a communication that overlap needs (:func:`.model.expected_max`).  One process's too
+    is the median over rounds: from a single window, two calibrations measured it 0.15 and
+    0.07 (Horovod's environment: 0.11 and 0.02, 2026-11-28)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = _PROBE.format(root=root, model=model, batch=batch)
     env = dict(os.environ) if env is None else env
@@ -173,13 +180,14 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
                 if p.stdout.readline().strip() != "ready":
                     raise RuntimeError(f"an interference probe of {model} failed to start")
             rows, cvs = [], []
-            for _ in range(rounds if k > 1 else 1):
+            for _ in range(rounds):
                 alone_runs = [run([p], seconds / 2) for p in procs]
                 alone_each = [times[0] for times, _ in alone_runs]
                 side_by_side, jitter = run(procs, seconds) if k > 1 else \
                     (alone_each, [cv[0] for _, cv in alone_runs])
                 rows.append((alone_each, side_by_side))
                 cvs.append(statistics.mean(jitter))   # of the steps run together
+                yield
         finally:
             for p in procs:
                 p.kill()
@@ -207,15 +215,19 @@ while True:
 
 def measure_wire(sizes=(1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22, 1 << 23),
                  passes: int = 5, reps: int = 8, latency_block: int = 25,
-                 echoes: int = 3) -> dict:
+                 echoes: int = 3):
     """One-way latency (64-byte round trips, halved) and bandwidth (the slope of the one-way
     time against the size, 1 KB to 8 MB) to an echo process on 127.0.0.1 over ZeroMQ; sizes
     interleaved pass after pass, each the trimmed mean of its round trips, then the median
     over ``echoes`` echo processes one after the other (how two processes share the two cores
     is set when they start: one echo's latency was 50 us, the next one's 68).  Larger messages
     leave the L3 cache and cross loopback several times slower per byte here (32 MB: 1.8
-    against 4.8 GB/s): the bandwidth is that of messages of up to a few MB."""
-    runs = [_echo_seconds(sizes, passes, reps, latency_block) for _ in range(echoes)]
+    against 4.8 GB/s): the bandwidth is that of messages of up to a few MB.  A generator of
+    measurement units, one per echo process (:func:`measured`)."""
+    runs = []
+    for _ in range(echoes):
+        runs.append(_echo_seconds(sizes, passes, reps, latency_block))
+        yield
     seconds = {label: statistics.median(run[label] for run in runs) for label in runs[0]}
     latency = seconds[0] / latency_block / 2
     one_way = [seconds[size] / 2 for size in sizes]
@@ -263,7 +275,7 @@ OPTIMIZER_CACHED_ELEMENTS = 2_100_000
 
 
 def measure_optimizer(keys=(1, 8, 64, 256, 1024), sizes=(100, 1_000, 16_000, 100_000),
-                      passes: int = 2, reps: int = 10, processes: int = 4) -> dict:
+                      passes: int = 2, reps: int = 10, processes: int = 4):
     """The servers' optimizer as they call it, in a loop (its arrays stay in the caches; the
     servers' own timing of it in place is reported beside, :func:`fit_runtime`):
     :meth:`ServerOptimizer.apply_runs
@@ -278,13 +290,16 @@ def measure_optimizer(keys=(1, 8, 64, 256, 1024), sizes=(100, 1_000, 16_000, 100
     a point is the mean over the processes: a call's fixed cost is set when a process starts
     and kept (one key of 100 elements: 128-142 us in one process, 165-187 in three others,
     each within 10% over three measurements), so one process made the per-call term a draw
-    (two calibrations measured in turn: 151 and 206 us, 2026-11-28)."""
+    (two calibrations measured in turn: 151 and 206 us, 2026-11-28).  A generator of
+    measurement units, one per process (:func:`measured`)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = _OPTIMIZER_POINTS.format(root=root, keys=tuple(keys), sizes=tuple(sizes),
                                     passes=passes, reps=reps)
-    runs = [json.loads(subprocess.run([sys.executable, "-c", code], check=True, text=True,
-                                      stdout=subprocess.PIPE).stdout)
-            for _ in range(processes)]
+    runs = []
+    for _ in range(processes):
+        runs.append(json.loads(subprocess.run([sys.executable, "-c", code], check=True,
+                                              text=True, stdout=subprocess.PIPE).stdout))
+        yield
     rows = [(k, p, float(np.mean([run[i][2] for run in runs])))
             for i, (k, p, _) in enumerate(runs[0])]
     return {"points": [list(r) for r in rows], "processes": processes,
@@ -350,18 +365,20 @@ RUNTIME_SETS = ("lenet", "cifar_resnet20_v1", "256x1024", "64x4096", "64x16384",
 
 
 def measure_runtime(optimizer_fit: dict, sets=RUNTIME_SETS, rounds: int = 30,
-                    repeats: int = 7) -> dict:
+                    repeats: int = 7):
     """Worker CPU per round and server CPU per push in real 1 x 1 ``dist_bsp`` jobs, over
     ``repeats`` jobs per set, interleaved: the mean without the highest and lowest.  Not the
     median: a job's CPU falls in one of two modes set when its processes start (two jobs of
     64x4096 in a row: 2.6 and 1.8 ms of server CPU per round; the server's was its malloc's,
     fixed by :mod:`kvstore_ext.ps.heap`), and a median of a few jobs jumps between the modes
-    where a mean moves by the share of jobs in each."""
+    where a mean moves by the share of jobs in each.  A generator of measurement units, one
+    per job (:func:`measured`)."""
     from .jobs import run_job
     runs = {name: [] for name in sets}
     for _ in range(repeats):
         for name in sets:
             runs[name].append(run_job("dist_bsp", name, 1, 1, compute=False, rounds=rounds)[0])
+            yield
     rows = []
     for name in sets:
         rs = runs[name]
@@ -428,20 +445,24 @@ QUICK = {"compute": {"batch_sizes": (16, 64), "passes": 1, "reps": 2},
                      "rounds": 15}}
 
 
-def measure_allreduce(workers: int = 2, jobs: int = 5) -> dict | None:
+def measure_allreduce(workers: int = 2, jobs: int = 5):
     """Gloo's ring allreduce in real 2-worker Horovod jobs: ``2(n-1)`` steps of latency and
     ``2(n-1)/n`` of the bytes, fitted over 64 KB to 8 MB (``jobs.ALLREDUCE_SIZES``) on relative
     residuals (the small sizes then decide the latency, the large ones the bandwidth); each
     size's mean over ``jobs`` jobs without the highest and lowest (where a job's workers fall
     in Horovod's background cycle is set when it starts: one job's small allreduces took 1.9
     ms, the next one's 1.2).  The CPU a worker's process spends per allreduce is fitted the
-    same way (``cpu_fit``).  Each job's points are kept (``jobs``).  None without Horovod."""
+    same way (``cpu_fit``).  Each job's points are kept (``jobs``).  None without Horovod.
+    A generator of measurement units, one per job (:func:`measured`)."""
     try:
         import horovod.mxnet  # noqa: F401
     except ImportError:
         return None
     from .jobs import run_allreduce_job
-    runs = [run_allreduce_job(workers) for _ in range(jobs)]
+    runs = []
+    for _ in range(jobs):
+        runs.append(run_allreduce_job(workers))
+        yield
     sizes = sorted(runs[0]["seconds"])
     nbytes = np.array([BYTES_PER_PARAM * k for k in sizes], dtype=float)
     steps = 2 * (workers - 1)
@@ -458,30 +479,37 @@ def measure_allreduce(workers: int = 2, jobs: int = 5) -> dict | None:
 
 def calibration_steps(models=("lenet", "cifar_resnet20_v1"), interference_counts=(1, 2, 4, 8),
                       quick: bool = False) -> list:
-    """The calibration's measurements in order, as ``(name, measure)``: ``measure(out)``
-    adds its part to the calibration ``out`` (the runtime's fit needs the optimizer's)."""
+    """The calibration's measurements in order, as ``(name, measure)``: ``measure(out)``, a
+    generator of measurement units, adds its part to the calibration ``out`` (the runtime's
+    fit needs the optimizer's)."""
     q = QUICK if quick else {}
     interference = {"counts": interference_counts, **q.get("interference", {})}
     # the Horovod stores' workers compute in another environment (MXNet's own kernels)
     env = dict(horovod_worker_env(), MXNET_STORAGE_FALLBACK_LOG_VERBOSE="0")   # its notices
 
-    def compute(out):
-        out["compute"] = {m: measure_compute(m, **q.get("compute", {})) for m in models}
+    def compute(out, key="compute", environment=None):
+        out[key] = {}
+        for m in models:
+            out[key][m] = yield from measure_compute(m, env=environment, **q.get("compute", {}))
 
     def horovod(out):
-        out["compute_horovod"] = {m: measure_compute(m, env=env, **q.get("compute", {}))
-                                  for m in models}
-        out["interference_horovod"] = measure_interference(env=env, **interference)
+        yield from compute(out, "compute_horovod", env)
+        out["interference_horovod"] = yield from measure_interference(env=env, **interference)
+
+    def into(key, measure, *args, **kwargs):
+        def step(out):
+            out[key] = yield from measure(*args, **kwargs)
+        return step
     steps = [
         ("compute", compute),
-        ("interference", lambda out: out.update(interference=measure_interference(**interference))),
+        ("interference", into("interference", measure_interference, **interference)),
         ("compute of Horovod workers", horovod),
-        ("wire", lambda out: out.update(wire=measure_wire(**q.get("wire", {})))),
-        ("optimizer", lambda out: out.update(optimizer=measure_optimizer(**q.get("optimizer", {})))),
-        ("runtime", lambda out: out.update(runtime=measure_runtime(
-            out["optimizer"]["fit"], **q.get("runtime", {}))))]
+        ("wire", into("wire", measure_wire, **q.get("wire", {}))),
+        ("optimizer", into("optimizer", measure_optimizer, **q.get("optimizer", {}))),
+        ("runtime", lambda out: into("runtime", measure_runtime, out["optimizer"]["fit"],
+                                     **q.get("runtime", {}))(out))]
     if not quick:
-        steps.append(("allreduce", lambda out: out.update(allreduce=measure_allreduce())))
+        steps.append(("allreduce", into("allreduce", measure_allreduce)))
     return steps
 
 
@@ -490,19 +518,21 @@ def calibrate(models=("lenet", "cifar_resnet20_v1"), interference_counts=(1, 2, 
     """Every measurement, the fits and the model's coefficients, as one JSON-ready dict.
 
     ``runs`` > 1: that many independent calibrations (a list), made step by step in turn,
-    the order reversed at every step (A B, B A, A B, ...), so that the machine's drift over
-    the quarter hour a calibration takes falls on all of them alike.  Their differences are
-    then the method's, which two calibrations made one after the other cannot tell apart
-    from the machine's (docs/planner.md: every per-byte cost 12-28% slower 14 minutes on)."""
+    unit by unit (a process, a round, a job: :func:`interleave`), the order reversed at every
+    unit (A B, B A, A B, ...), so that the machine's drift falls on all of them alike.  Their
+    differences are then the method's, which two calibrations made one after the other cannot
+    tell apart from the machine's (docs/planner.md: every per-byte cost 12-28% slower 14
+    minutes on; taken a whole step at a time, a minute apart, one calibration's optimizer
+    points were all 0.54-0.78 times the other's, 2026-11-28)."""
     say = progress or (lambda name: None)
     outs = [{"machine": {"host": platform.node(), "cores": os.cpu_count(),
                          "python": platform.python_version(),
                          "when": time.strftime("%Y-%m-%d %H:%M:%S")}, "quick": quick}
             for _ in range(runs)]
-    for i, (name, measure) in enumerate(calibration_steps(models, interference_counts, quick)):
+    unit = 0
+    for name, measure in calibration_steps(models, interference_counts, quick):
         say(name)
-        for run in interleaved_order(runs, i):
-            measure(outs[run])
+        unit = interleave([_lazily(measure, out) for out in outs], unit)[1]
     if runs > 1:
         for run, out in enumerate(outs):
             out["interleaved"] = {"run": run + 1, "of": runs}
@@ -515,6 +545,37 @@ def interleaved_order(runs: int, step: int) -> list[int]:
     at even steps, backward at odd ones (no run always measures first)."""
     order = list(range(runs))
     return order if step % 2 == 0 else order[::-1]
+
+
+def interleave(units: list, first: int = 0) -> tuple[list, int]:
+    """Run generators of measurement units side by side: one unit (``next``) of each in turn,
+    in :func:`interleaved_order` from the ``first``-th unit on, until all have returned; their
+    return values, and the number of the unit after the last."""
+    results, live, unit = [None] * len(units), list(range(len(units))), first
+    while live:
+        for i in [live[j] for j in interleaved_order(len(live), unit)]:
+            try:
+                next(units[i])
+            except StopIteration as done:
+                results[i] = done.value
+                live.remove(i)
+        unit += 1
+    return results, unit
+
+
+def measured(units):
+    """What a generator of measurement units (``measure_compute(...)``, ...) returns, run
+    alone."""
+    return interleave([units])[0][0]
+
+
+def _lazily(measure, out):
+    """``measure(out)`` as a generator that starts at its first unit (a plain function's
+    whole work is then one unit)."""
+    result = measure(out)
+    if inspect.isgenerator(result):
+        return (yield from result)
+    return result
 
 
 def refit(data: dict) -> dict:

@@ -85,7 +85,7 @@ def cmd_calibrate(args) -> int:
     for k, v in runs[0]["coefficients"].items():
         print(f"  {k} = {v}")
     if len(runs) > 1:
-        print(f"the two calibrations, measured step by step in turn ({paths[0]}, {paths[1]}):")
+        print(f"the two calibrations, measured unit by unit in turn ({paths[0]}, {paths[1]}):")
         _print_differences(repeatability(*runs), args.tolerance)
     return 0
 
@@ -413,8 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fewer and shorter measurements (under a minute): checks the pipeline, "
                         "not good enough for figures")
     c.add_argument("--repeat-out", default="", metavar="PATH",
-                   help="also make a second, independent calibration, measured step by step in "
-                        "turn with the first (the order reversed at every step), write it to "
+                   help="also make a second, independent calibration, measured unit by unit "
+                        "(a process, a round, a job) in turn with the first (the order reversed "
+                        "at every unit), write it to "
                         "PATH and print both side by side as 'compare' does: the machine's drift "
                         "during the run then falls on both alike (twice as long)")
     c.add_argument("--tolerance", type=float, default=0.2,

@@ -72,9 +72,9 @@ def test_allreduce_calibration_in_real_horovod_jobs():
     the job's own points kept beside the fits (a miss between two calibrations can then be
     traced to the job that moved)."""
     pytest.importorskip("horovod.mxnet")
-    from kvstore_ext.plan.calibrate import measure_allreduce
+    from kvstore_ext.plan.calibrate import measure_allreduce, measured
     from kvstore_ext.plan.jobs import ALLREDUCE_SIZES
-    out = measure_allreduce(jobs=1)
+    out = measured(measure_allreduce(jobs=1))
     (job,) = out["jobs"]
     assert len(job["seconds"]) == len(job["cpu_s"]) == len(ALLREDUCE_SIZES)
     assert all(c > 0 for c in job["cpu_s"]) and job["seconds"][-1] > job["seconds"][0]

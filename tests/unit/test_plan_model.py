@@ -580,3 +580,38 @@ def test_calibrations_made_together_take_each_step_in_turn_in_alternating_order(
     assert cal.interleaved_order(3, 1) == [2, 1, 0]
     single = cal.calibrate()
     assert isinstance(single, dict) and "interleaved" not in single
+
+
+def test_calibrations_made_together_alternate_unit_by_unit_within_a_step(monkeypatch):
+    """A measurement made of units (processes, rounds, jobs: a generator that yields after
+    each) is taken unit by unit for both calibrations, the order reversed at every unit, and
+    the order runs on across steps; each calibration gets its own result."""
+    from kvstore_ext.plan import calibrate as cal
+    log = []
+
+    def units(name, count):
+        def measure(out):
+            for u in range(count):
+                log.append((name, u, out))
+                yield
+            out[name] = [name] * count
+        return measure
+    monkeypatch.setattr(cal, "calibration_steps", lambda *a: [
+        ("optimizer", units("optimizer", 3)),
+        ("wire", lambda out: (log.append(("wire", 0, out)), out.update(wire=1))),
+        ("runtime", units("runtime", 2))])
+    monkeypatch.setattr(cal, "with_coefficients", lambda out: out)
+    a, b = cal.calibrate(runs=2)
+    order = [(name, u, "A" if out is a else "B") for name, u, out in log]
+    assert order == [("optimizer", 0, "A"), ("optimizer", 0, "B"),
+                     ("optimizer", 1, "B"), ("optimizer", 1, "A"),
+                     ("optimizer", 2, "A"), ("optimizer", 2, "B"),
+                     # the optimizer's fourth turn only returns; the wire's one unit is the 5th
+                     ("wire", 0, "A"), ("wire", 0, "B"),
+                     ("runtime", 0, "B"), ("runtime", 0, "A"),
+                     ("runtime", 1, "A"), ("runtime", 1, "B")]
+    for out in (a, b):
+        assert out["optimizer"] == ["optimizer"] * 3 and out["wire"] == 1
+        assert out["runtime"] == ["runtime"] * 2
+    assert cal.measured(units("compute", 2)({})) is None
+    assert cal.interleave([iter(())], 0) == ([None], 1)

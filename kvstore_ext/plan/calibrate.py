@@ -143,8 +143,9 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
                          seconds: float = 2.0, rounds: int = 5, env: dict | None = None):
     """The slow-down of one process's compute when k processes compute at once (a generator
     of measurement units, one per round: :func:`measured`): k probe
-    processes are started once, then, ``rounds`` times, each computes alone in turn (for half
-    of ``seconds``) and all k together; a round's factor is the mean of their times together
+    processes are started once, then, ``rounds`` times, each computes alone in turn (for
+    ``seconds``) and all k together (for ``seconds`` x k / 2, so that each takes about as many
+    steps as alone); a round's factor is the mean of their times together
     over the mean of their times alone, and the factor is the median over rounds, so drift
     between rounds cancels.  Every probe has its own baseline because processes started alike
     compute at different speeds and keep them (LeNet at batch 64 here: 10.5 to 14.5 ms a step
@@ -158,7 +159,10 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
     varies by from one iteration to the next, which the model's expected maximum of a compute
     and a communication that overlap needs (:func:`.model.expected_max`).  One process's too
     is the median over rounds: from a single window, two calibrations measured it 0.15 and
-    0.07 (Horovod's environment: 0.11 and 0.02, 2026-11-28)."""
+    0.07 (Horovod's environment: 0.11 and 0.02, 2026-11-28).  The windows were 1 s alone and
+    2 s together until then: eight Horovod workers' LeNet took 6 steps each in 2 s, and two
+    calibrations made together measured its jitter 0.17 and 0.12 (``step_cv_rounds``: every
+    round's)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = _PROBE.format(root=root, model=model, batch=batch)
     env = dict(os.environ) if env is None else env
@@ -171,7 +175,7 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
         lines = [p.stdout.readline().split() for p in procs]
         return [float(seconds) for seconds, _ in lines], [float(cv) for _, cv in lines]
 
-    together, alone, factor, per_probe, step_cv = {}, {}, {}, {}, {}
+    together, alone, factor, per_probe, step_cv, cv_rounds = {}, {}, {}, {}, {}, {}
     for k in counts:
         procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, env=env) for _ in range(k)]
@@ -181,9 +185,9 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
                     raise RuntimeError(f"an interference probe of {model} failed to start")
             rows, cvs = [], []
             for _ in range(rounds):
-                alone_runs = [run([p], seconds / 2) for p in procs]
+                alone_runs = [run([p], seconds) for p in procs]
                 alone_each = [times[0] for times, _ in alone_runs]
-                side_by_side, jitter = run(procs, seconds) if k > 1 else \
+                side_by_side, jitter = run(procs, seconds * k / 2) if k > 1 else \
                     (alone_each, [cv[0] for _, cv in alone_runs])
                 rows.append((alone_each, side_by_side))
                 cvs.append(statistics.mean(jitter))   # of the steps run together
@@ -197,8 +201,10 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
         factor[k] = statistics.median(statistics.mean(t) / statistics.mean(a) for a, t in rows)
         per_probe[k] = [{"alone": a, "together": t} for a, t in rows]
         step_cv[k] = statistics.median(cvs)
+        cv_rounds[k] = cvs
     return {"model": model, "batch": batch, "seconds": together, "alone_seconds": alone,
-            "factor": factor, "step_cv": step_cv, "per_probe_seconds": per_probe,
+            "factor": factor, "step_cv": step_cv, "step_cv_rounds": cv_rounds,
+            "per_probe_seconds": per_probe,
             "environment": {k: v for k, v in env.items() if k in ENV_SHOWN}}
 
 

@@ -105,9 +105,9 @@ bench-dcs3gd: setup
 	$(PY) scripts/bench_dcs3gd.py --trials 3 --out results/bench
 	$(PY) scripts/bench_dcs3gd.py --trials 3 --device-s 0.1 --batch-size 16 --out results/bench/device
 
-# the planner against real jobs: calibrate (two calibrations measured in turn: repeatability), then validate: a grid of
+# the planner against real jobs: calibrate (two calibrations measured unit by unit in turn: repeatability), then validate: a grid of
 # parameter-server jobs, then SSGD against DC-S3GD on 2 Horovod workers, on the CPU and on a
-# simulated 100 ms device (about an hour; results/plan)
+# simulated 100 ms device (about an hour and a half; results/plan)
 bench-plan: setup
 	$(PY) -m kvstore_ext.plan calibrate --out results/plan/calibration.json \
 	    --repeat-out results/plan/calibration_repeat.json

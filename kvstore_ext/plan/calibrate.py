@@ -523,7 +523,7 @@ def calibrate(models=("lenet", "cifar_resnet20_v1"), interference_counts=(1, 2, 
               progress=None, quick: bool = False, runs: int = 1):
     """Every measurement, the fits and the model's coefficients, as one JSON-ready dict.
 
-    ``runs`` > 1: that many independent calibrations (a list), made step by step in turn,
+    ``runs`` > 1: that many independent calibrations (a list), made step by step, each step
     unit by unit (a process, a round, a job: :func:`interleave`), the order reversed at every
     unit (A B, B A, A B, ...), so that the machine's drift falls on all of them alike.  Their
     differences are then the method's, which two calibrations made one after the other cannot

@@ -161,8 +161,9 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
     is the median over rounds: from a single window, two calibrations measured it 0.15 and
     0.07 (Horovod's environment: 0.11 and 0.02, 2026-11-28).  The windows were 1 s alone and
     2 s together until then: eight Horovod workers' LeNet took 6 steps each in 2 s, and two
-    calibrations made together measured its jitter 0.17 and 0.12 (``step_cv_rounds``: every
-    round's)."""
+    calibrations made together measured its jitter 0.17 and 0.12.  The longer windows steadied
+    the factors (all within 11.5% in the next pair) but not the jitter: a round's moves by up
+    to six times within one calibration (``step_cv_rounds``: every round's; docs/planner.md)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = _PROBE.format(root=root, model=model, batch=batch)
     env = dict(os.environ) if env is None else env
@@ -502,9 +503,13 @@ def calibration_steps(models=("lenet", "cifar_resnet20_v1"), interference_counts
         yield from compute(out, "compute_horovod", env)
         out["interference_horovod"] = yield from measure_interference(env=env, **interference)
 
-    def into(key, measure, *args, **kwargs):
+    def runtime(out):        # its fit takes the optimizer's
+        out["runtime"] = yield from measure_runtime(out["optimizer"]["fit"],
+                                                    **q.get("runtime", {}))
+
+    def into(key, measure, **kwargs):
         def step(out):
-            out[key] = yield from measure(*args, **kwargs)
+            out[key] = yield from measure(**kwargs)
         return step
     steps = [
         ("compute", compute),
@@ -512,8 +517,7 @@ def calibration_steps(models=("lenet", "cifar_resnet20_v1"), interference_counts
         ("compute of Horovod workers", horovod),
         ("wire", into("wire", measure_wire, **q.get("wire", {}))),
         ("optimizer", into("optimizer", measure_optimizer, **q.get("optimizer", {}))),
-        ("runtime", lambda out: into("runtime", measure_runtime, out["optimizer"]["fit"],
-                                     **q.get("runtime", {}))(out))]
+        ("runtime", runtime)]
     if not quick:
         steps.append(("allreduce", into("allreduce", measure_allreduce)))
     return steps

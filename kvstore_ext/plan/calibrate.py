@@ -140,7 +140,8 @@ for line in sys.stdin:                  # "go SECONDS": time steps for that long
 
 
 def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4, 8),
-                         seconds: float = 2.0, rounds: int = 5, env: dict | None = None):
+                         seconds: float = 2.0, rounds: int = 5, jitter_rounds: int = 15,
+                         env: dict | None = None):
     """The slow-down of one process's compute when k processes compute at once (a generator
     of measurement units, one per round: :func:`measured`): k probe
     processes are started once, then, ``rounds`` times, each computes alone in turn (for
@@ -163,7 +164,10 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
     2 s together until then: eight Horovod workers' LeNet took 6 steps each in 2 s, and two
     calibrations made together measured its jitter 0.17 and 0.12.  The longer windows steadied
     the factors (all within 11.5% in the next pair) but not the jitter: a round's moves by up
-    to six times within one calibration (``step_cv_rounds``: every round's; docs/planner.md)."""
+    to six times within one calibration (``step_cv_rounds``: every round's; docs/planner.md).
+    So the jitter is the median over ``jitter_rounds``: after the ``rounds`` that time the
+    probes alone and together, further ones time them together only (two Horovod workers'
+    jitter over 15 rounds in two runs made together: 0.137 and 0.133, 2026-11-28)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = _PROBE.format(root=root, model=model, batch=batch)
     env = dict(os.environ) if env is None else env
@@ -185,12 +189,15 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
                 if p.stdout.readline().strip() != "ready":
                     raise RuntimeError(f"an interference probe of {model} failed to start")
             rows, cvs = [], []
-            for _ in range(rounds):
-                alone_runs = [run([p], seconds) for p in procs]
-                alone_each = [times[0] for times, _ in alone_runs]
-                side_by_side, jitter = run(procs, seconds * k / 2) if k > 1 else \
-                    (alone_each, [cv[0] for _, cv in alone_runs])
-                rows.append((alone_each, side_by_side))
+            for r in range(max(rounds, jitter_rounds)):
+                if r < rounds:
+                    alone_runs = [run([p], seconds) for p in procs]
+                    alone_each = [times[0] for times, _ in alone_runs]
+                    side_by_side, jitter = run(procs, seconds * k / 2) if k > 1 else \
+                        (alone_each, [cv[0] for _, cv in alone_runs])
+                    rows.append((alone_each, side_by_side))
+                else:                   # the jitter only
+                    jitter = run(procs, seconds * max(k, 2) / 2)[1]
                 cvs.append(statistics.mean(jitter))   # of the steps run together
                 yield
         finally:
@@ -444,7 +451,7 @@ def fit_runtime(rows: list[dict], optimizer_fit: dict) -> dict:
 
 #: ``calibrate --quick``: fewer, shorter measurements, to check the pipeline (not for figures)
 QUICK = {"compute": {"batch_sizes": (16, 64), "passes": 1, "reps": 2},
-         "interference": {"counts": (1, 2), "seconds": 1.0, "rounds": 1},
+         "interference": {"counts": (1, 2), "seconds": 1.0, "rounds": 1, "jitter_rounds": 1},
          "wire": {"passes": 2, "reps": 3, "echoes": 1},
          "optimizer": {"keys": (1, 64), "sizes": (1_000, 100_000), "passes": 1, "reps": 2,
                        "processes": 1},

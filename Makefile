@@ -107,7 +107,7 @@ bench-dcs3gd: setup
 
 # the planner against real jobs: calibrate (two calibrations measured unit by unit in turn: repeatability), then validate: a grid of
 # parameter-server jobs, then SSGD against DC-S3GD on 2 Horovod workers, on the CPU and on a
-# simulated 100 ms device (about an hour and a half; results/plan)
+# simulated 100 ms device (about an hour and three quarters; results/plan)
 bench-plan: setup
 	$(PY) -m kvstore_ext.plan calibrate --out results/plan/calibration.json \
 	    --repeat-out results/plan/calibration_repeat.json

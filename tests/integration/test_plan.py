@@ -67,6 +67,32 @@ def test_calibration_measures_every_coefficient(calibration):
     assert c["opt_param"] == data["optimizer"]["fit"]["per_param"]
 
 
+def test_interference_probes_time_the_jitter_over_more_rounds_than_the_factor():
+    """Real probe processes: the slow-down from the rounds that time each probe alone and all
+    together, the jitter from those and the further rounds that time them together only, one
+    measurement unit per round; every probe process is gone afterwards."""
+    import psutil
+    from kvstore_ext.plan.calibrate import measure_interference
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    units = measure_interference(counts=(1, 2), seconds=0.4, rounds=1, jitter_rounds=3)
+    turns = 0
+    while True:
+        try:
+            next(units)
+            turns += 1
+        except StopIteration as done:
+            out = done.value
+            break
+    assert turns == 2 * 3                   # a unit per round, per count
+    for k in (1, 2):
+        assert len(out["per_probe_seconds"][k]) == 1
+        assert len(out["step_cv_rounds"][k]) == 3
+        assert all(0 <= cv < 2 for cv in out["step_cv_rounds"][k])
+        assert out["step_cv"][k] == sorted(out["step_cv_rounds"][k])[1]
+    assert out["factor"][1] == 1.0 and 0.5 < out["factor"][2] < 5
+    assert not {p.pid for p in psutil.Process().children(recursive=True)} - before
+
+
 def test_allreduce_calibration_in_real_horovod_jobs():
     """Gloo's ring in one real 2-worker Horovod job: every size timed and its CPU measured,
     the job's own points kept beside the fits (a miss between two calibrations can then be

@@ -189,15 +189,16 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
                 if p.stdout.readline().strip() != "ready":
                     raise RuntimeError(f"an interference probe of {model} failed to start")
             rows, cvs = [], []
+            together_window = seconds * max(k, 2) / 2     # one probe: its window alone
             for r in range(max(rounds, jitter_rounds)):
                 if r < rounds:
                     alone_runs = [run([p], seconds) for p in procs]
                     alone_each = [times[0] for times, _ in alone_runs]
-                    side_by_side, jitter = run(procs, seconds * k / 2) if k > 1 else \
+                    side_by_side, jitter = run(procs, together_window) if k > 1 else \
                         (alone_each, [cv[0] for _, cv in alone_runs])
                     rows.append((alone_each, side_by_side))
                 else:                   # the jitter only
-                    jitter = run(procs, seconds * max(k, 2) / 2)[1]
+                    jitter = run(procs, together_window)[1]
                 cvs.append(statistics.mean(jitter))   # of the steps run together
                 yield
         finally:

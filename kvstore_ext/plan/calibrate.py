@@ -165,9 +165,12 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
     calibrations made together measured its jitter 0.17 and 0.12.  The longer windows steadied
     the factors (all within 11.5% in the next pair) but not the jitter: a round's moves by up
     to six times within one calibration (``step_cv_rounds``: every round's; docs/planner.md).
-    So the jitter is the median over ``jitter_rounds``: after the ``rounds`` that time the
-    probes alone and together, further ones time them together only (two Horovod workers'
-    jitter over 15 rounds in two runs made together: 0.137 and 0.133, 2026-11-28)."""
+    So the jitter is taken over ``jitter_rounds``: after the ``rounds`` that time the
+    probes alone and together, further ones time them together only.  It is the mean over
+    the rounds, not their median: a window is either quiet (one process: 0.01-0.05) or holds
+    a disturbance (0.12-0.30), about half of each, so the median fell on either side of the
+    gap (one Horovod process over 15 rounds, two calibrations made together: 0.119 and 0.082;
+    their means 0.106 and 0.093, 2026-11-28 18:43), and a job's steps meet both kinds."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = _PROBE.format(root=root, model=model, batch=batch)
     env = dict(os.environ) if env is None else env
@@ -209,7 +212,7 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
         together[k] = statistics.median(statistics.mean(t) for _, t in rows)
         factor[k] = statistics.median(statistics.mean(t) / statistics.mean(a) for a, t in rows)
         per_probe[k] = [{"alone": a, "together": t} for a, t in rows]
-        step_cv[k] = statistics.median(cvs)
+        step_cv[k] = statistics.mean(cvs)
         cv_rounds[k] = cvs
     return {"model": model, "batch": batch, "seconds": together, "alone_seconds": alone,
             "factor": factor, "step_cv": step_cv, "step_cv_rounds": cv_rounds,
@@ -290,7 +293,7 @@ OPTIMIZER_CACHED_ELEMENTS = 2_100_000
 
 
 def measure_optimizer(keys=(1, 8, 64, 256, 1024), sizes=(100, 1_000, 16_000, 100_000),
-                      passes: int = 2, reps: int = 10, processes: int = 4):
+                      passes: int = 2, reps: int = 10, processes: int = 8):
     """The servers' optimizer as they call it, in a loop (its arrays stay in the caches; the
     servers' own timing of it in place is reported beside, :func:`fit_runtime`):
     :meth:`ServerOptimizer.apply_runs
@@ -305,7 +308,9 @@ def measure_optimizer(keys=(1, 8, 64, 256, 1024), sizes=(100, 1_000, 16_000, 100
     a point is the mean over the processes: a call's fixed cost is set when a process starts
     and kept (one key of 100 elements: 128-142 us in one process, 165-187 in three others,
     each within 10% over three measurements), so one process made the per-call term a draw
-    (two calibrations measured in turn: 151 and 206 us, 2026-11-28).  A generator of
+    (two calibrations measured in turn: 151 and 206 us, 2026-11-28).  Over four processes,
+    two calibrations made together still put every small point of one 10-32% above the
+    other's (per key 22.6% apart, 2026-11-28 18:43), hence eight.  A generator of
     measurement units, one per process (:func:`measured`)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = _OPTIMIZER_POINTS.format(root=root, keys=tuple(keys), sizes=tuple(sizes),

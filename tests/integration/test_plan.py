@@ -2,6 +2,7 @@
 real jobs, predictions checked against two real jobs, and the search and predict commands."""
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -88,7 +89,7 @@ def test_interference_probes_time_the_jitter_over_more_rounds_than_the_factor():
         assert len(out["per_probe_seconds"][k]) == 1
         assert len(out["step_cv_rounds"][k]) == 3
         assert all(0 <= cv < 2 for cv in out["step_cv_rounds"][k])
-        assert out["step_cv"][k] == sorted(out["step_cv_rounds"][k])[1]
+        assert out["step_cv"][k] == pytest.approx(statistics.mean(out["step_cv_rounds"][k]))
     assert out["factor"][1] == 1.0 and 0.5 < out["factor"][2] < 5
     assert not {p.pid for p in psutil.Process().children(recursive=True)} - before
 

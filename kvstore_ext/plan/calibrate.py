@@ -156,10 +156,10 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
     parameter-server job's workers get, launch.py leaves them as they are).
 
     ``step_cv[k]``: the jitter of one step among k computing together, its standard deviation
-    over its mean (the mean over the probes, the median over rounds): what a step's compute
+    over its mean (the mean over the probes and over the rounds): what a step's compute
     varies by from one iteration to the next, which the model's expected maximum of a compute
     and a communication that overlap needs (:func:`.model.expected_max`).  One process's too
-    is the median over rounds: from a single window, two calibrations measured it 0.15 and
+    is taken over rounds: from a single window, two calibrations measured it 0.15 and
     0.07 (Horovod's environment: 0.11 and 0.02, 2026-11-28).  The windows were 1 s alone and
     2 s together until then: eight Horovod workers' LeNet took 6 steps each in 2 s, and two
     calibrations made together measured its jitter 0.17 and 0.12.  The longer windows steadied

@@ -156,21 +156,13 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
     parameter-server job's workers get, launch.py leaves them as they are).
 
     ``step_cv[k]``: the jitter of one step among k computing together, its standard deviation
-    over its mean (the mean over the probes and over the rounds): what a step's compute
-    varies by from one iteration to the next, which the model's expected maximum of a compute
-    and a communication that overlap needs (:func:`.model.expected_max`).  One process's too
-    is taken over rounds: from a single window, two calibrations measured it 0.15 and
-    0.07 (Horovod's environment: 0.11 and 0.02, 2026-11-28).  The windows were 1 s alone and
-    2 s together until then: eight Horovod workers' LeNet took 6 steps each in 2 s, and two
-    calibrations made together measured its jitter 0.17 and 0.12.  The longer windows steadied
-    the factors (all within 11.5% in the next pair) but not the jitter: a round's moves by up
-    to six times within one calibration (``step_cv_rounds``: every round's; docs/planner.md).
-    So the jitter is taken over ``jitter_rounds``: after the ``rounds`` that time the
-    probes alone and together, further ones time them together only.  It is the mean over
-    the rounds, not their median: a window is either quiet (one process: 0.01-0.05) or holds
-    a disturbance (0.12-0.30), about half of each, so the median fell on either side of the
-    gap (one Horovod process over 15 rounds, two calibrations made together: 0.119 and 0.082;
-    their means 0.106 and 0.093, 2026-11-28 18:43), and a job's steps meet both kinds."""
+    over its mean, which the model's expected maximum of a compute and a communication that
+    overlap needs (:func:`.model.expected_max`).  A window's jitter moves by up to six times
+    from one round to the next on a shared host, so it is taken over ``jitter_rounds``: the
+    ``rounds`` above, then further ones that time the probes together only.  It is the mean
+    over the probes and over the rounds, not the rounds' median: windows are either quiet or
+    hold a disturbance, a job's steps meet both, and the median falls on either side of that
+    gap (``step_cv_rounds`` keeps every round's; the measurements: docs/planner.md)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = _PROBE.format(root=root, model=model, batch=batch)
     env = dict(os.environ) if env is None else env
@@ -307,10 +299,9 @@ def measure_optimizer(keys=(1, 8, 64, 256, 1024), sizes=(100, 1_000, 16_000, 100
     Each of ``processes`` new processes times every point (``passes`` x ``reps`` calls), and
     a point is the mean over the processes: a call's fixed cost is set when a process starts
     and kept (one key of 100 elements: 128-142 us in one process, 165-187 in three others,
-    each within 10% over three measurements), so one process made the per-call term a draw
-    (two calibrations measured in turn: 151 and 206 us, 2026-11-28).  Over four processes,
-    two calibrations made together still put every small point of one 10-32% above the
-    other's (per key 22.6% apart, 2026-11-28 18:43), hence eight.  A generator of
+    each within 10% over three measurements), so the points are means over
+    enough processes to average that draw out (four left two calibrations 22.6% apart on the
+    per-key cost; docs/planner.md).  A generator of
     measurement units, one per process (:func:`measured`)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = _OPTIMIZER_POINTS.format(root=root, keys=tuple(keys), sizes=tuple(sizes),

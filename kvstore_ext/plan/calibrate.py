@@ -157,7 +157,8 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
 
     ``step_cv[k]``: the jitter of one step among k computing together, its standard deviation
     over its mean, which the model's expected maximum of a compute and a communication that
-    overlap needs (:func:`.model.expected_max`).  A window's jitter moves by up to six times
+    overlap needs (:func:`.model.expected_max`), at k > 1 only: one process has no ring to
+    overlap, and its jitter alone did not repeat (docs/planner.md).  A window's jitter moves by up to six times
     from one round to the next on a shared host, so it is taken over ``jitter_rounds``: the
     ``rounds`` above, then further ones that time the probes together only.  It is the mean
     over the probes and over the rounds, not the rounds' median: windows are either quiet or
@@ -184,17 +185,19 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
                 if p.stdout.readline().strip() != "ready":
                     raise RuntimeError(f"an interference probe of {model} failed to start")
             rows, cvs = [], []
-            together_window = seconds * max(k, 2) / 2     # one probe: its window alone
-            for r in range(max(rounds, jitter_rounds)):
+            together_window = seconds * k / 2
+            for r in range(max(rounds, jitter_rounds) if k > 1 else rounds):
+                jitter = None
                 if r < rounds:
-                    alone_runs = [run([p], seconds) for p in procs]
-                    alone_each = [times[0] for times, _ in alone_runs]
-                    side_by_side, jitter = run(procs, together_window) if k > 1 else \
-                        (alone_each, [cv[0] for _, cv in alone_runs])
+                    alone_each = [run([p], seconds)[0][0] for p in procs]
+                    side_by_side = alone_each
+                    if k > 1:
+                        side_by_side, jitter = run(procs, together_window)
                     rows.append((alone_each, side_by_side))
                 else:                   # the jitter only
                     jitter = run(procs, together_window)[1]
-                cvs.append(statistics.mean(jitter))   # of the steps run together
+                if jitter is not None:
+                    cvs.append(statistics.mean(jitter))   # of the steps run together
                 yield
         finally:
             for p in procs:
@@ -204,8 +207,9 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
         together[k] = statistics.median(statistics.mean(t) for _, t in rows)
         factor[k] = statistics.median(statistics.mean(t) / statistics.mean(a) for a, t in rows)
         per_probe[k] = [{"alone": a, "together": t} for a, t in rows]
-        step_cv[k] = statistics.mean(cvs)
-        cv_rounds[k] = cvs
+        if cvs:
+            step_cv[k] = statistics.mean(cvs)
+            cv_rounds[k] = cvs
     return {"model": model, "batch": batch, "seconds": together, "alone_seconds": alone,
             "factor": factor, "step_cv": step_cv, "step_cv_rounds": cv_rounds,
             "per_probe_seconds": per_probe,

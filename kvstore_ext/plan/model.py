@@ -111,7 +111,8 @@ class Costs:
 
     def compute_cv_at(self, k, horovod=False):
         """The jitter of a step's compute at ``k`` concurrent processes (array or number):
-        measured points, linear between them, the last one's beyond; 0 if none measured."""
+        measured points (k > 1), linear between them, the nearest one's outside them; 0 if
+        none measured."""
         table = self.horovod_compute_cv if horovod and self.horovod_compute_cv \
             else self.compute_cv
         k = np.asarray(k, dtype=float)

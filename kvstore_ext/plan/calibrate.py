@@ -158,12 +158,13 @@ def measure_interference(model: str = "lenet", batch: int = 64, counts=(1, 2, 4,
     ``step_cv[k]``: the jitter of one step among k computing together, its standard deviation
     over its mean, which the model's expected maximum of a compute and a communication that
     overlap needs (:func:`.model.expected_max`), at k > 1 only: one process has no ring to
-    overlap, and its jitter alone did not repeat (docs/planner.md).  A window's jitter moves by up to six times
-    from one round to the next on a shared host, so it is taken over ``jitter_rounds``: the
-    ``rounds`` above, then further ones that time the probes together only.  It is the mean
-    over the probes and over the rounds, not the rounds' median: windows are either quiet or
-    hold a disturbance, a job's steps meet both, and the median falls on either side of that
-    gap (``step_cv_rounds`` keeps every round's; the measurements: docs/planner.md)."""
+    overlap, and its jitter alone did not repeat (docs/planner.md).  A window's jitter moves
+    by up to six times from one round to the next on a shared host, so it is taken over
+    ``jitter_rounds``: the ``rounds`` above, then further ones that time the probes together
+    only.  It is the mean over the probes and over the rounds, not the rounds' median:
+    windows are either quiet or hold a disturbance, a job's steps meet both, and the median
+    falls on either side of that gap (``step_cv_rounds`` keeps every round's; the
+    measurements: docs/planner.md)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = _PROBE.format(root=root, model=model, batch=batch)
     env = dict(os.environ) if env is None else env

@@ -304,10 +304,9 @@ def measure_optimizer(keys=(1, 8, 64, 256, 1024), sizes=(100, 1_000, 16_000, 100
     Each of ``processes`` new processes times every point (``passes`` x ``reps`` calls), and
     a point is the mean over the processes: a call's fixed cost is set when a process starts
     and kept (one key of 100 elements: 128-142 us in one process, 165-187 in three others,
-    each within 10% over three measurements), so the points are means over
-    enough processes to average that draw out (four left two calibrations 22.6% apart on the
-    per-key cost; docs/planner.md).  A generator of
-    measurement units, one per process (:func:`measured`)."""
+    each within 10% over three measurements), so the points are means over enough processes
+    to average that draw out (four left two calibrations 22.6% apart on the per-key cost;
+    docs/planner.md).  A generator of measurement units, one per process (:func:`measured`)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = _OPTIMIZER_POINTS.format(root=root, keys=tuple(keys), sizes=tuple(sizes),
                                     passes=passes, reps=reps)

@@ -302,7 +302,8 @@ def cmd_validate(args) -> int:
                         r["host_compute"]) for r in earlier]
         measured = {c: r["trials_s"] for c, r in zip(cases, earlier)}
         kept = [] if args.no_dcs3gd else load_measured(args.measured)
-        return report(v, cases, measured, data, args, kept)
+        probes = load_probes(os.path.dirname(os.path.abspath(args.measured)))
+        return report(v, cases, measured, data, args, kept, probes)
     cases = v.grid(models=tuple(args.models.split(",")),
                    clusters=tuple(tuple(int(x) for x in c.split("x")) for c in args.clusters.split(",")),
                    stores=tuple(args.stores.split(",")), devices=tuple(args.devices.split(",")),
@@ -310,13 +311,35 @@ def cmd_validate(args) -> int:
     if args.max_cases:
         cases = cases[:args.max_cases]
     jobs = len(cases) * args.trials + sum(s.jobs() for s in settings)
+    probes = []
     with tqdm(total=jobs, desc="validate", disable=None) as bar:
+        def probe():
+            bar.set_postfix_str("probing the host")
+            probes.append(v.probe_host(args.host_probe_repeats))
+            bar.set_postfix_str("")
         measured = v.run(cases, args.trials, args.rounds, args.warmup,
-                         progress=lambda c: bar.update(1))
+                         progress=lambda c: bar.update(1),
+                         between=None if args.no_host_probe else probe)
         dcs3gd = [(s.label, measure(s, on_job=lambda: bar.update(1))) for s in settings]
     if dcs3gd:
         save_measured(args.out, dcs3gd)
-    return report(v, cases, measured, data, args, dcs3gd)
+    if probes:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, PROBES_FILE), "w") as f:
+            json.dump({"probes": probes}, f, indent=1)
+    return report(v, cases, measured, data, args, dcs3gd, probes)
+
+
+#: validate's host probes, kept beside validate.json (``--measured`` reads them again)
+PROBES_FILE = "host_probes.json"
+
+
+def load_probes(folder: str) -> list:
+    path = os.path.join(folder, PROBES_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return json.load(f)["probes"]
 
 
 def cmd_validate_dcs3gd(args) -> int:
@@ -356,34 +379,54 @@ def dcs3gd_verdict(worst: float) -> str:
             f"(bound {DCS3GD_RATIO_BOUND:.0%})")
 
 
-def report(v, cases, measured, data, args, dcs3gd=()) -> int:
+def report(v, cases, measured, data, args, dcs3gd=(), probes=()) -> int:
     """The table, the summary figures and the plots of measured cases against a calibration,
-    and the DC-S3GD table of ``(name, measurement)`` pairs ``dcs3gd`` if any."""
+    the DC-S3GD table of ``(name, measurement)`` pairs ``dcs3gd`` if any, and with the host
+    ``probes`` the figures again for the host as they found it."""
     from kvstore_ext.reports import write_results
-    rows = v.table_rows(cases, measured, data)
+    drift = v.host_drift(probes, v.probe_reference(data)) if probes else None
+    rows = v.table_rows(cases, measured, data, drift)
     os.makedirs(args.out, exist_ok=True)
-    print(write_results(args.out, "validate", rows, [
-        ("case", "label", "{}"), ("predicted ms", "predicted_ms", "{:.1f}"),
-        ("measured ms (median)", "measured_ms", "{:.1f}"), ("error", "error", "{:+.1%}")]))
+    columns = [("case", "label", "{}"), ("predicted ms", "predicted_ms", "{:.1f}"),
+               ("measured ms (median)", "measured_ms", "{:.1f}"), ("error", "error", "{:+.1%}")]
+    if drift:
+        columns += [("predicted ms, host as probed", "adjusted_predicted_ms", "{:.1f}"),
+                    ("error", "adjusted_error", "{:+.1%}")]
+    print(write_results(args.out, "validate", rows, columns))
     summary = v.summarise(rows)
+    if drift:
+        summary["host_drift"] = drift
+        summary["adjusted"] = v.summarise(v.adjusted(rows))
     if dcs3gd:
         summary["dcs3gd_max_abs_ratio_error"] = report_dcs3gd(v, dcs3gd, data, args.out)
     with open(os.path.join(args.out, "validate_summary.json"), "w") as f:
         json.dump({"command": " ".join(sys.argv), **summary}, f, indent=1)
-    print(f"median |error| {summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}, "
-          f"{summary['over_25pct']} of {summary['cases']} over 25%; Kendall tau over all "
-          f"{summary['kendall_tau_all']:.2f}")
-    for g in summary["groups"]:
-        knees = ", ".join(f"{s} {k['predicted']}/{k['measured']}" for s, k in g["knees"].items())
-        print(f"  {g['model']} {g['device']}: tau {g['kendall_tau']:.2f}; pick {g['pick']} "
-              f"measures {g['pick_vs_best']:.0%} of the best ({g['best']}); knee predicted/"
-              f"measured {knees}")
+    print_figures(summary, "predicted from the calibration")
+    if drift:
+        print(f"host probes ({len(drift['probes'])}): {drift['compute']:.2f}x the calibration's "
+              f"compute time, {drift['runtime']:.2f}x its runtime CPU")
+        warning = v.drift_warning(drift)
+        if warning:
+            print(f"warning: {warning}")
+        print_figures(summary["adjusted"], "predicted for the host as probed")
     if dcs3gd:
         print(dcs3gd_verdict(summary["dcs3gd_max_abs_ratio_error"]))
     if not args.no_plots:
         for path in v.plot(rows, args.out):
             print(f"wrote {path}")
     return 0
+
+
+def print_figures(summary: dict, title: str) -> None:
+    """The grid's figures of :func:`.validate.summarise`, one line each group."""
+    print(f"{title}: median |error| {summary['median_abs_error']:.1%}, max "
+          f"{summary['max_abs_error']:.1%}, {summary['over_25pct']} of {summary['cases']} over "
+          f"25%; Kendall tau over all {summary['kendall_tau_all']:.2f}")
+    for g in summary["groups"]:
+        knees = ", ".join(f"{s} {k['predicted']}/{k['measured']}" for s, k in g["knees"].items())
+        print(f"  {g['model']} {g['device']}: tau {g['kendall_tau']:.2f}; pick {g['pick']} "
+              f"measures {g['pick_vs_best']:.0%} of the best ({g['best']}); knee predicted/"
+              f"measured {knees}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -579,10 +622,16 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--measured", default="",
                    help="run no job: score the measurements of an earlier validate.json, and "
                         "the DC-S3GD ones kept beside it if any, against --calibration")
+    v.add_argument("--no-host-probe", action="store_true",
+                   help="do not probe the host's speed before each trial and after the last "
+                        "(the probe times LeNet's compute and a 1x1 job's CPU as the "
+                        "calibration did, and the figures are given again for the host as found)")
+    v.add_argument("--host-probe-repeats", type=int, default=3,
+                   help="compute processes and runtime jobs per host probe (default 3)")
     v.add_argument("--no-plots", action="store_true", help="write no PNGs")
     v.add_argument("--out", default=os.path.join("results", "plan"),
                    help="folder for validate.{json,csv,md}, validate_dcs3gd.{json,csv,md}, "
-                        "the DC-S3GD measurements, the summary and PNGs")
+                        "the DC-S3GD measurements, host_probes.json, the summary and PNGs")
     v.set_defaults(func=cmd_validate)
 
     d = sub.add_parser("validate-dcs3gd", help="SSGD / DC-S3GD predicted against bench_dcs3gd.py",

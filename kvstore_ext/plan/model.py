@@ -21,7 +21,7 @@ which drives the real policy objects with these service times and wire delays.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -120,6 +120,20 @@ class Costs:
             return np.zeros_like(k)
         return np.interp(k, *_points(table))
 
+    #: the coefficients that are seconds of CPU (a slower host multiplies them); the two
+    #: bandwidths are divided instead, and the interference and jitter, ratios, are kept
+    CPU_SECONDS = ("worker_msg", "worker_key", "worker_byte", "server_msg", "server_key",
+                   "server_byte", "server_frame", "opt_call", "opt_key", "opt_param", "latency",
+                   "allreduce_latency", "allreduce_cpu_latency", "allreduce_cpu_byte")
+
+    def scaled(self, factor: float) -> "Costs":
+        """These costs on a host ``factor`` times as slow (1.2: every CPU second takes 1.2):
+        what :func:`.validate.host_speed` measures when the host drifts after calibration."""
+        changes = {k: getattr(self, k) * factor for k in self.CPU_SECONDS}
+        changes.update(bandwidth=self.bandwidth / factor,
+                       allreduce_bandwidth=self.allreduce_bandwidth / factor)
+        return replace(self, **changes)
+
     @classmethod
     def from_calibration(cls, data: dict) -> "Costs":
         c = data["coefficients"]
@@ -189,6 +203,13 @@ class ModelProfile:
                              f"{', '.join(sorted(data.get('profiles', {})))}); run "
                              f"'plan calibrate --models {model}'")
         return cls(model, **data["profiles"][model])
+
+    def scaled(self, factor: float) -> "ModelProfile":
+        """This profile on a host that computes ``factor`` times as slowly."""
+        changes = {k: getattr(self, k) * factor for k in
+                   ("compute_fixed", "compute_per_sample", "horovod_compute_fixed",
+                    "horovod_compute_per_sample") if getattr(self, k) is not None}
+        return replace(self, **changes)
 
     def host_time(self, batch_size, store=None):
         """The host's compute per iteration at ``batch_size``; for ``store`` (one or an array)

@@ -9,18 +9,25 @@ case alike; each case's figure is the median of its trials.  The model's predict
 same case comes from the calibration, on this machine's terms: every process on one host of
 its cores.  After the grid, ``dist_ssgd`` against ``dist_dcs3gd`` on 2 Horovod workers
 (:mod:`.dcs3gd_jobs`) is judged by the ratio of their times per iteration (:func:`dcs3gd_rows`).
+
+A calibration is a snapshot of a host that may not hold its speed for the hour the grid
+takes, so before every trial and after the last, a short probe (:func:`probe_host`) measures
+what the calibration measured of it; the figures are given as predicted from the calibration,
+and again for the host as the probes found it (:func:`host_drift`, :func:`adjusted`).
 """
 from __future__ import annotations
 
 import itertools
 import os
 import statistics
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from .model import Costs, ModelProfile, predict
 from .search import knee_of
+from .timing import trimmed_mean
 
 GRID_CLUSTERS = ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (8, 2))
 
@@ -62,11 +69,15 @@ def predicted(case: Case, profile: ModelProfile, costs: Costs) -> float:
                    host_compute=case.compute).seconds
 
 
-def run(cases: list[Case], trials: int, rounds: int, warmup: int, progress=None) -> dict:
-    """Seconds per iteration of every case in every trial, trials interleaved."""
+def run(cases: list[Case], trials: int, rounds: int, warmup: int, progress=None,
+        between=None) -> dict:
+    """Seconds per iteration of every case in every trial, trials interleaved; ``between()``
+    is called before every trial and after the last (the host probe, :func:`probe_host`)."""
     from .jobs import run_job, seconds_per_iteration
     measured = {c: [] for c in cases}
     for _ in range(trials):
+        if between:
+            between()
         for c in cases:
             results = run_job(c.store, c.model, c.workers, c.servers, compute=c.compute,
                               device=c.device, rounds=rounds, warmup=warmup,
@@ -74,7 +85,86 @@ def run(cases: list[Case], trials: int, rounds: int, warmup: int, progress=None)
             measured[c].append(seconds_per_iteration(results, c.store))
             if progress:
                 progress(c)
+    if between:
+        between()
     return measured
+
+
+# -- the host's speed during the jobs against the calibration's --------------------------------
+
+#: the probe's compute: LeNet's forward and backward at batch 64, as ``calibrate`` times it
+PROBE_MODEL, PROBE_BATCH = "lenet", 64
+#: a host this much slower or faster than at calibration is worth a warning
+DRIFT_WARNING = 0.10
+
+
+def probe_host(repeats: int = 3, rounds: int = 30) -> dict:
+    """This host's speed now, measured as ``calibrate`` measures the same quantities: one
+    LeNet forward and backward pass at batch 64 (each in a process of its own), and a worker's
+    and a server's CPU per round of 1 x 1 ``dist_bsp`` jobs of LeNet's shapes; ``repeats`` of
+    each, taken in turn, summarised by the mean without the highest and lowest.
+
+    A calibration is a snapshot: on a shared machine the same job ran 15-25% slower an hour
+    after one (docs/planner.md), and every prediction moved with it.  Probing before each
+    trial of the grid tells the host's drift apart from the model's error."""
+    from .jobs import run_job, run_layer_times
+    compute, worker, server = [], [], []
+    for _ in range(repeats):
+        compute.append(run_layer_times(PROBE_MODEL, PROBE_BATCH, 2)["whole"])
+        job = run_job("dist_bsp", PROBE_MODEL, 1, 1, compute=False, rounds=rounds)[0]
+        worker.append(job["comm_cpu_s"] / job["rounds"])
+        server.append(job["servers"][0]["cpu_s"] / job["rounds"])
+    return {"when": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "compute_s": trimmed_mean(compute, drop=1),
+            "worker_cpu_s": trimmed_mean(worker, drop=1),
+            "server_cpu_s": trimmed_mean(server, drop=1)}
+
+
+def probe_reference(calibration: dict) -> dict:
+    """The probe's quantities as the calibration measured them (its compute at batch 64, its
+    runtime job of LeNet's shapes)."""
+    compute = calibration["compute"][PROBE_MODEL]
+    if PROBE_BATCH in compute["batch_sizes"]:
+        seconds = compute["seconds"][compute["batch_sizes"].index(PROBE_BATCH)]
+    else:
+        seconds = compute["fit"]["fixed"] + compute["fit"]["per_sample"] * PROBE_BATCH
+    jobs = [r for r in calibration["runtime"]["jobs"] if r["set"] == PROBE_MODEL]
+    if not jobs:
+        raise ValueError(f"the calibration has no runtime job of {PROBE_MODEL!r}'s shapes to "
+                         f"compare the host probe with; run 'plan calibrate' again")
+    return {"compute_s": seconds, "worker_cpu_s": jobs[0]["worker_cpu_s"],
+            "server_cpu_s": jobs[0]["server_cpu_s"]}
+
+
+def host_drift(probes: list[dict], reference: dict) -> dict:
+    """How many times as slow the host ran during the jobs as at calibration (above 1: slower),
+    the median over the probes: ``compute`` for the network's forward and backward, ``runtime``
+    for a worker's and a server's CPU together (it scales every CPU coefficient)."""
+    def ratio(of):
+        return statistics.median(of(p) for p in probes) / of(reference)
+    return {"compute": ratio(lambda p: p["compute_s"]),
+            "runtime": ratio(lambda p: p["worker_cpu_s"] + p["server_cpu_s"]),
+            "probes": list(probes), "reference": dict(reference)}
+
+
+def drift_warning(drift: dict) -> str | None:
+    """One line for a user whose host moved by more than :data:`DRIFT_WARNING` since the
+    calibration, or None."""
+    moved = {k: drift[k] for k in ("compute", "runtime") if abs(drift[k] - 1) > DRIFT_WARNING}
+    if not moved:
+        return None
+    said = ", ".join(f"{k} {abs(v - 1):.0%} {'slower' if v > 1 else 'faster'}"
+                     for k, v in moved.items())
+    return (f"the host ran {said} during the jobs than at calibration: predictions from the "
+            f"calibration are off by about as much ('plan calibrate' again to plan on this host "
+            f"as it is now)")
+
+
+def adjusted(rows: list[dict]) -> list[dict]:
+    """The rows with the predictions made for the host as the probes found it (the
+    ``adjusted_*`` fields :func:`table_rows` adds), for :func:`summarise`."""
+    return [{**r, "predicted_s": r["adjusted_predicted_s"], "error": r["adjusted_error"],
+             "predicted_samples_per_s": r["adjusted_predicted_samples_per_s"]} for r in rows]
 
 
 def kendall_tau(a, b) -> float:
@@ -138,20 +228,30 @@ def summarise(rows: list[dict]) -> dict:
     return out
 
 
-def table_rows(cases, measured, calibration: dict) -> list[dict]:
+def table_rows(cases, measured, calibration: dict, drift: dict | None = None) -> list[dict]:
+    """Each case predicted against its median measurement; with ``drift`` (:func:`host_drift`)
+    also predicted for the host as the probes found it (``adjusted_*``)."""
     costs = Costs.from_calibration(calibration)
     rows = []
     for c in cases:
         profile = ModelProfile.from_calibration(calibration, c.model)
         pred = predicted(c, profile, costs)
         meas = statistics.median(measured[c])
-        rows.append({"label": c.label, "model": c.model, "workers": c.workers,
-                     "servers": c.servers, "store": c.store, "device": c.device,
-                     "host_compute": c.compute, "predicted_s": pred, "measured_s": meas,
-                     "predicted_ms": pred * 1e3, "measured_ms": meas * 1e3,
-                     "trials_s": measured[c], "error": pred / meas - 1.0,
-                     "predicted_samples_per_s": c.workers * c.batch_size / pred,
-                     "measured_samples_per_s": c.workers * c.batch_size / meas})
+        samples = c.workers * c.batch_size
+        row = {"label": c.label, "model": c.model, "workers": c.workers,
+               "servers": c.servers, "store": c.store, "device": c.device,
+               "host_compute": c.compute, "predicted_s": pred, "measured_s": meas,
+               "predicted_ms": pred * 1e3, "measured_ms": meas * 1e3,
+               "trials_s": measured[c], "error": pred / meas - 1.0,
+               "predicted_samples_per_s": samples / pred,
+               "measured_samples_per_s": samples / meas}
+        if drift:
+            at_drift = predicted(c, profile.scaled(drift["compute"]),
+                                 costs.scaled(drift["runtime"]))
+            row.update(adjusted_predicted_s=at_drift, adjusted_predicted_ms=at_drift * 1e3,
+                       adjusted_error=at_drift / meas - 1.0,
+                       adjusted_predicted_samples_per_s=samples / at_drift)
+        rows.append(row)
     return rows
 
 

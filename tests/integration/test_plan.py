@@ -113,18 +113,31 @@ def test_allreduce_calibration_in_real_horovod_jobs():
 
 def test_predictions_match_two_real_jobs(calibration, tmp_path):
     """dist_bsp and dist_asp, 2 workers x 1 server, LeNet computing real gradients on
-    emulated 100 ms devices: the model's time per iteration within the paper's 25%."""
+    emulated 100 ms devices: the model's time per iteration within the paper's 25%.  The
+    host is probed before the trial and after it, and the figures given again for the host
+    as the probes found it; --measured scores the same jobs with the same probes."""
     out = plan("validate", "--calibration", str(calibration), "--models", "lenet",
                "--clusters", "2x1", "--stores", "dist_bsp,dist_asp", "--devices", "100ms",
                "--no-mixed", "--trials", "1", "--rounds", "12", "--warmup", "3", "--no-dcs3gd",
-               "--out", str(tmp_path))
+               "--host-probe-repeats", "1", "--out", str(tmp_path))
     rows = json.loads((tmp_path / "validate.json").read_text())["rows"]
     assert [r["store"] for r in rows] == ["dist_bsp", "dist_asp"], out
     for r in rows:
         assert r["measured_s"] > 0.1, r      # a device time of 100 ms is a floor
         assert abs(r["error"]) < 0.25, r
+        assert r["adjusted_predicted_s"] > 0.1 and abs(r["adjusted_error"]) < 0.25, r
     summary = json.loads((tmp_path / "validate_summary.json").read_text())
     assert summary["cases"] == 2 and summary["max_abs_error"] < 0.25
+    drift = summary["host_drift"]
+    assert len(drift["probes"]) == 2 and "host probes (2)" in out, out
+    # the same quantities as the calibration's: the host cannot have moved 3x in a minute
+    for key in ("compute", "runtime"):
+        assert 1 / 3 < drift[key] < 3, drift
+    assert summary["adjusted"]["cases"] == 2
+    again = tmp_path / "again"
+    plan("validate", "--calibration", str(calibration), "--measured",
+         str(tmp_path / "validate.json"), "--no-plots", "--out", str(again))
+    assert json.loads((again / "validate_summary.json").read_text())["host_drift"] == drift
     assert (tmp_path / "predicted_vs_measured.png").stat().st_size > 5000
     assert (tmp_path / "validate.csv").exists()
 
@@ -196,7 +209,7 @@ def test_validate_measures_dcs3gd_against_ssgd_itself(calibration, tmp_path, job
                 str(calibration), "--models", "lenet", "--clusters", "1x1", "--stores", "dist_bsp",
                 "--devices", "100ms", "--no-mixed", "--trials", "1", "--rounds", "6",
                 "--warmup", "2", "--no-plots", "--dcs3gd-device-s", "0.1", "--dcs3gd-steps", "8",
-                "--dcs3gd-warmup", "3", "--out", str(tmp_path)])
+                "--dcs3gd-warmup", "3", "--no-host-probe", "--out", str(tmp_path)])
     assert job.wait(400) == 0, job.output[-3000:]
     assert "largest error of a predicted SSGD/DC-S3GD ratio" in job.output
     rows = json.loads((tmp_path / "validate_dcs3gd.json").read_text())["rows"]

@@ -615,3 +615,75 @@ def test_calibrations_made_together_alternate_unit_by_unit_within_a_step(monkeyp
         assert out["runtime"] == ["runtime"] * 2
     assert cal.measured(units("compute", 2)({})) is None
     assert cal.interleave([iter(())], 0) == ([None], 1)
+
+
+# -- the host probe: a host that drifts after its calibration ------------------------------------
+def test_a_host_twice_as_slow_doubles_every_cpu_second_and_keeps_the_device():
+    """Every CPU coefficient doubles, bandwidths halve, ratios stay: a CPU-bound iteration
+    takes twice as long, and a device-bound one's device time does not move."""
+    c = costs(server_frame=1e-4, opt_call=1e-5, allreduce_cpu_latency=1e-5,
+              allreduce_cpu_byte=1e-10, compute_cv={2: 0.1})
+    slow = c.scaled(2.0)
+    for name in Costs.CPU_SECONDS:
+        assert getattr(slow, name) == pytest.approx(2 * getattr(c, name)), name
+    assert (slow.bandwidth, slow.allreduce_bandwidth) == (c.bandwidth / 2, c.allreduce_bandwidth / 2)
+    assert (slow.interference, slow.compute_cv, slow.cores) == (c.interference, c.compute_cv, c.cores)
+    assert c.worker_msg == 1e-3          # a copy: the calibration's costs are unchanged
+    # every field that is seconds of CPU is scaled or named as kept: a new one cannot be missed
+    kept = {"interference", "horovod_interference", "compute_cv", "horovod_compute_cv", "cores",
+            "bandwidth", "allreduce_bandwidth"}
+    assert set(Costs.__dataclass_fields__) == set(Costs.CPU_SECONDS) | kept
+    profile = ModelProfile("toy", [1000, 250_000], compute_fixed=0.001, compute_per_sample=1e-4,
+                           horovod_compute_fixed=0.002, horovod_compute_per_sample=2e-4)
+    twice = profile.scaled(2.0)
+    assert twice.host_time(64) == pytest.approx(2 * profile.host_time(64))
+    assert twice.host_time(64, "dist_ssgd") == pytest.approx(2 * profile.host_time(64, "dist_ssgd"))
+    assert ModelProfile("toy", [10]).scaled(3.0).horovod_compute_fixed is None
+    kw = dict(store="dist_asp", workers=1, servers=1, batch_size=64, shared_host=False)
+    cpu = predict(profile, c, device_s=[0.0], **kw).seconds
+    assert predict(twice, slow, device_s=[0.0], **kw).seconds == pytest.approx(2 * cpu, rel=1e-6)
+    # a 1 s device: only the CPU around it doubles
+    on_device = predict(profile, c, device_s=[1.0], host_compute=False, **kw).seconds
+    slow_device = predict(twice, slow, device_s=[1.0], host_compute=False, **kw).seconds
+    assert slow_device - 1.0 == pytest.approx(2 * (on_device - 1.0), rel=1e-6)
+
+
+def test_host_drift_is_the_median_probe_against_the_calibration_and_adjusts_the_rows():
+    from kvstore_ext.plan.validate import (Case, adjusted, drift_warning, host_drift,
+                                           probe_reference, summarise, table_rows)
+    calibration = {
+        "compute": {"lenet": {"batch_sizes": [16, 64], "seconds": [0.01, 0.03],
+                              "fit": {"fixed": 0.0, "per_sample": 0.0005}}},
+        "runtime": {"jobs": [{"set": "8x100", "worker_cpu_s": 9.0, "server_cpu_s": 9.0},
+                             {"set": "lenet", "worker_cpu_s": 0.002, "server_cpu_s": 0.002}]},
+        "coefficients": costs().to_dict(),
+        "profiles": {"lenet": {"key_sizes": [1000, 250_000], "compute_fixed": 0.0,
+                               "compute_per_sample": 0.0005}}}
+    ref = probe_reference(calibration)
+    assert ref == {"compute_s": 0.03, "worker_cpu_s": 0.002, "server_cpu_s": 0.002}
+    probes = [{"compute_s": s, "worker_cpu_s": w, "server_cpu_s": 0.002}
+              for s, w in ((0.033, 0.003), (0.036, 0.002), (0.090, 0.004))]
+    drift = host_drift(probes, ref)
+    assert drift["compute"] == pytest.approx(1.2)              # the median, not the stray probe
+    assert drift["runtime"] == pytest.approx(0.005 / 0.004)
+    assert "compute 20% slower" in drift_warning(drift) and "runtime 25% slower" in drift_warning(drift)
+    assert drift_warning(host_drift([ref], ref)) is None
+    # without the probe's batch, the calibration's fitted line at 64
+    del calibration["compute"]["lenet"]["seconds"][1], calibration["compute"]["lenet"]["batch_sizes"][1]
+    assert probe_reference(calibration)["compute_s"] == pytest.approx(0.032)
+
+    cases = [Case("lenet", n, 1, st, "100ms", True) for n in (1, 2) for st in ("dist_bsp", "dist_asp")]
+    measured = {c: [0.05, 0.06, 0.07] for c in cases}
+    rows = table_rows(cases, measured, calibration, drift)
+    for r in rows:
+        assert r["measured_s"] == 0.06 and r["adjusted_predicted_s"] > r["predicted_s"]
+        assert r["adjusted_error"] == pytest.approx(r["adjusted_predicted_s"] / 0.06 - 1)
+    plain = table_rows(cases, measured, calibration)
+    assert all("adjusted_error" not in r for r in plain)
+    assert [r["predicted_s"] for r in plain] == [r["predicted_s"] for r in rows]
+    again = summarise(adjusted(rows))
+    assert again["median_abs_error"] == pytest.approx(
+        float(np.median([abs(r["adjusted_error"]) for r in rows])))
+    no_runtime = {**calibration, "runtime": {"jobs": []}}
+    with pytest.raises(ValueError, match="no runtime job of 'lenet'"):
+        probe_reference(no_runtime)

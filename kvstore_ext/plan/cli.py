@@ -391,7 +391,7 @@ def report(v, cases, measured, data, args, dcs3gd=(), probes=()) -> int:
                ("measured ms (median)", "measured_ms", "{:.1f}"), ("error", "error", "{:+.1%}")]
     if drift:
         columns += [("predicted ms, host as probed", "adjusted_predicted_ms", "{:.1f}"),
-                    ("error", "adjusted_error", "{:+.1%}")]
+                    ("its error", "adjusted_error", "{:+.1%}")]
     print(write_results(args.out, "validate", rows, columns))
     summary = v.summarise(rows)
     if drift:

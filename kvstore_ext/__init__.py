@@ -67,10 +67,16 @@ def _register_with_mxnet() -> None:
         runtimes = {registry.PS: _importable("zmq"), registry.HOROVOD: _importable("horovod")}
         registry.on_register(lambda row: _file_with_mxnet(row, runtimes[row.backend]))
         if os.environ.get(ROLE) == "worker" or "HOROVOD_RANK" in os.environ:
-            # A worker of a job that crashes in native code shows every thread's Python stack
-            # before MXNet's own "Segmentation fault" message (its handler, installed when mxnet
-            # was imported, still runs after this one).
+            # A worker of a job that crashes in native code shows every thread's Python stack,
+            # then dies of the signal, so that its launcher can name it.  MXNet's own handler,
+            # installed when mxnet was imported, would end it with exit(-1) instead: status
+            # 255, which says nothing of a crash (and leaves no core to look at).
             import faulthandler
+            import signal
+            try:
+                signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+            except ValueError:     # imported outside the main thread: MXNet's handler stays
+                pass
             faulthandler.enable(all_threads=True)
 
 

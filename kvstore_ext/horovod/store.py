@@ -37,6 +37,7 @@ from ..keys import MXNetCalls, as_list as _as_list, check_key as _check_key, pai
 from ..keys import refuse_sparse
 from ..metrics import WorkerMetrics, write_json
 from .overlap import OverlapMeter
+from .stall import StallReporter, after_seconds
 
 #: seconds of simulated communication per step (spread over the keys by size); tests, benches
 SIM_COMM_ENV = "KVX_SIM_COMM_S"
@@ -114,6 +115,7 @@ class HorovodStore(MXNetCalls, KVStoreBase):
 
     def __init__(self, **params):
         config = registry.job_config(self.store_type, params, strict=False)
+        stall_after = after_seconds()     # a bad value is an error before any collective
         self._type, self._params = config.type, config.params
         # MKL-DNN arrays cannot be read in place (MXNet reorders them first, and waits)
         self._mkldnn = (os.environ.get(MKLDNN_ENV, "1") != "0"
@@ -136,6 +138,11 @@ class HorovodStore(MXNetCalls, KVStoreBase):
             # the link's thread must get the GIL back soon after each transfer's time is up
             sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
         self._check_agreement()
+        # an allreduce that does not end is reported, with every thread's stack (.stall)
+        self._stall = StallReporter(stall_after, lambda: f"{self._type} worker {self.rank}",
+                                    probe)
+        if self.num_workers > 1:
+            self._stall.start()
 
     # -- what MXNet asks for ------------------------------------------------------------------
     @property
@@ -324,6 +331,7 @@ class HorovodStore(MXNetCalls, KVStoreBase):
         if self.num_workers > 1:
             self._hvd.allreduce_(st.reduced, op=self._hvd.Average, name=f"kvx.{self._type}.{k}",
                                  priority=priority)
+            self._stall.started(r, k, st.reduced)
             # the array handed to allreduce, and the mean that comes back (what goes over the
             # wire depends on Gloo's algorithm: about twice this for a ring)
             nbytes = st.reduced.size * np.dtype(st.reduced.dtype).itemsize
@@ -378,6 +386,7 @@ class HorovodStore(MXNetCalls, KVStoreBase):
         return write_json(os.path.dirname(os.path.abspath(path)), os.path.basename(path), data)
 
     def close(self):
+        self._stall.stop()
         mx.nd.waitall()
 
 

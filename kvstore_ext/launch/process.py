@@ -142,6 +142,21 @@ def _status(code: int) -> int:
     return code if code > 0 else 128 - code
 
 
+def _ended(code: int) -> str:
+    """How a process ended, for the job's messages: ``exited with status -11 (killed by
+    SIGSEGV, a crash)``; the status is kept as it was so that scripts may look for it."""
+    said = f"exited with status {code}"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            return said
+        crash = ", a crash" if -code in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL,
+                                          signal.SIGFPE, signal.SIGABRT) else ""
+        said += f" (killed by {name}{crash})"
+    return said
+
+
 class Supervisor:
     """Runs a job's nodes to the end: the job's exit status, and nothing left running.
 
@@ -196,7 +211,7 @@ class Supervisor:
                 if not elastic:
                     _cause, code = self.cause_of_failure(node, code)
                     return failure if failure is not None else _status(code)
-                print(f"launch.py: {node.label} exited with status {code}; the others "
+                print(f"launch.py: {node.label} {_ended(code)}; the others "
                       "continue (--on-worker-death continue)", file=sys.stderr, flush=True)
                 if failure is None:
                     failure = _status(code)
@@ -231,7 +246,7 @@ class Supervisor:
             time.sleep(0.05)
         cause = (next((f for f in failed if f[1] < 0 or f[1] > 128), None) or
                  next((f for f in failed if f[0].name != "scheduler"), failed[0]))
-        print(f"launch.py: {cause[0].label} exited with status {cause[1]}; stopping the job",
+        print(f"launch.py: {cause[0].label} {_ended(cause[1])}; stopping the job",
               file=sys.stderr, flush=True)
         others = [f"{n.label} ({c})" for n, c in failed if n is not cause[0]]
         if others:

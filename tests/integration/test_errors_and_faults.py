@@ -113,6 +113,33 @@ def test_launcher_stops_everything_when_a_worker_dies(run_job, tmp_path):
     assert wait_until(lambda: not job_processes_left(marker), 10), job_processes_left(marker)
 
 
+CRASH = """
+import ctypes, sys
+import mxnet as mx
+import kvstore_ext
+kv = mx.kv.create("dist_bsp")
+kv.init(0, mx.nd.zeros((4,)))
+if kv.rank == 1:
+    ctypes.string_at(0)         # a crash in native code: a read of address 0
+kv.barrier()
+"""
+
+
+def test_a_worker_that_crashes_in_native_code_is_named_with_its_signal_and_stacks(run_job, tmp_path):
+    """The job's message names the crash (MXNet's own handler would have ended the worker
+    with status 255), the worker's Python stacks are in the output, the job's status is
+    128 + SIGSEGV's, and nothing is left running."""
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH)
+    code, log = run_job(2, 1, [str(script)], timeout=90)
+    assert code == 128 + signal.SIGSEGV, log[-3000:]
+    assert "worker 1 exited with status -11 (killed by SIGSEGV, a crash); stopping the job" in log, \
+        log[-3000:]
+    assert "Fatal Python error: Segmentation fault" in log
+    assert re.search(r'File "[^"]*crash\.py", line 8 in <module>', log), log[-3000:]
+    assert wait_until(lambda: not job_processes_left(str(script)), 10)
+
+
 def test_launcher_ctrl_c_leaves_no_process(jobs, tmp_path):
     marker = str(tmp_path)
     from conftest import launch_argv

@@ -1,0 +1,132 @@
+"""Say so, with every thread's stack, when a Horovod store's allreduce does not end.
+
+A Horovod store never blocks in Python: its allreduces run in MXNet's engine, and the
+training script waits for them wherever it next reads a weight (a forward pass, a
+``loss.asscalar()``).  If an allreduce never ends (a hung peer, a lost message, a fault in
+Gloo or the engine), that wait lasts forever and says nothing: Horovod warns only when the
+ranks disagree on what they submitted.
+
+:class:`StallReporter` watches one allreduce at a time, the newest the store started when
+the last one watched has ended, from a daemon thread that looks every few seconds: at most
+one engine probe per look, nothing on the training path but remembering the newest.  When
+the one watched has run ``after_s`` seconds, it prints, once, which one it is and every
+thread's stack (:mod:`faulthandler`), and lets the job go on: a peer that is only slow
+(evaluating, saving a checkpoint) will catch up.
+"""
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import threading
+import time
+from typing import NamedTuple
+
+#: seconds an allreduce may run before a report (default 120; 0 turns the reports off)
+STALL_ENV = "KVX_STALL_REPORT_S"
+DEFAULT_AFTER_S = 120.0
+
+
+def after_seconds(environ=None) -> float:
+    """The reporter's bound from ``KVX_STALL_REPORT_S``; a bad value is an error naming it."""
+    raw = (os.environ if environ is None else environ).get(STALL_ENV, "")
+    if not raw.strip():
+        return DEFAULT_AFTER_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"{STALL_ENV}={raw!r}: expected seconds, a number >= 0 (0 turns the "
+                         f"reports off)")
+    return value
+
+
+class Started(NamedTuple):
+    step: int
+    key: object
+    array: object       # what the allreduce writes: it has ended when this can be read
+    since: float
+
+
+class StallReporter:
+    """See the module.  ``describe()`` names the worker in a report; ``watch(fn, [array])``
+    calls ``fn`` once ``array`` can be read (:func:`kvstore_ext.engine.probe`); ``out`` is
+    where reports go (stderr).  ``clock`` is for tests of the logic, which call
+    :meth:`look` themselves."""
+
+    def __init__(self, after_s: float, describe, watch, out=None, clock=time.monotonic):
+        self.after_s = float(after_s)
+        self.describe = describe
+        self.watch = watch
+        self.out = out
+        self.clock = clock
+        self.reports = 0
+        self._newest = None      # the newest allreduce started (set on the training path)
+        self._watched = None     # the one whose end the probe waits for
+        self._armed = None       # the last one watched (not watched again)
+        self._reported = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+
+    def started(self, step: int, key, array) -> None:
+        """The store started an allreduce into ``array``: remember it, nothing more."""
+        if self.after_s > 0:
+            self._newest = Started(step, key, array, self.clock())
+
+    def _ended(self, item: Started) -> None:     # on an engine thread: no engine work here
+        with self._lock:
+            if self._watched is item:
+                self._watched = None
+
+    def look(self) -> bool:
+        """Watch the newest allreduce if none is watched; report the watched one if it has run
+        ``after_s`` seconds.  True if this look reported."""
+        with self._lock:
+            watched, newest = self._watched, self._newest
+            arm = watched is None and newest is not None and newest is not self._armed
+            if arm:
+                self._watched = self._armed = watched = newest
+        if arm:
+            try:
+                self.watch(lambda item=newest: self._ended(item), [newest.array])
+            except Exception:      # MXNet going away at exit: nothing left to watch
+                self.stop()
+            return False
+        if watched is None or watched is self._reported:
+            return False
+        ran = self.clock() - watched.since
+        if ran < self.after_s:
+            return False
+        self._reported = watched
+        self.reports += 1
+        out = self.out or sys.stderr
+        # the probe waits for whatever wrote the array before it was pushed: the allreduce
+        # watched, or one of the key's next ones if the store had moved on by then
+        print(f"kvstore_ext {self.describe()}: an allreduce of key {watched.key!r} (step "
+              f"{watched.step} or later) has not ended after {ran:.0f} s. Unless another worker is "
+              f"busy elsewhere (evaluating, saving), a peer or the allreduce is hung; every "
+              f"thread's stack follows ({STALL_ENV} sets this bound; 0 turns it off).",
+              file=out, flush=True)
+        try:
+            faulthandler.dump_traceback(file=out, all_threads=True)
+        except (AttributeError, ValueError, OSError):   # no file descriptor behind ``out``
+            pass
+        return True
+
+    def start(self) -> "StallReporter":
+        if self.after_s > 0 and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kvx-stall-reporter",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        # several looks within the bound: a report comes at most a quarter of it late
+        period = min(5.0, max(0.05, self.after_s / 4))
+        while not self._stop.wait(period):
+            self.look()
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -311,7 +311,19 @@ def cmd_validate(args) -> int:
     if args.max_cases:
         cases = cases[:args.max_cases]
     jobs = len(cases) * args.trials + sum(s.jobs() for s in settings)
-    probes = []
+    probes, probing = [], not args.no_host_probe
+    if probing:       # before any job: a calibration the probe cannot be held against
+        if args.host_probe_repeats < 1:
+            raise SystemExit("validate: --host-probe-repeats must be at least 1 "
+                             "(--no-host-probe leaves the probes out)")
+        try:
+            v.probe_reference(data)
+        except ValueError as e:
+            print(f"validate: no host probes: {e}", file=sys.stderr)
+            probing = False
+    stale = os.path.join(args.out, PROBES_FILE)
+    if os.path.exists(stale):    # an earlier run's: --measured must not pair it with these jobs
+        os.remove(stale)
     with tqdm(total=jobs, desc="validate", disable=None) as bar:
         def probe():
             bar.set_postfix_str("probing the host")
@@ -319,7 +331,7 @@ def cmd_validate(args) -> int:
             bar.set_postfix_str("")
         measured = v.run(cases, args.trials, args.rounds, args.warmup,
                          progress=lambda c: bar.update(1),
-                         between=None if args.no_host_probe else probe)
+                         between=probe if probing else None)
         dcs3gd = [(s.label, measure(s, on_job=lambda: bar.update(1))) for s in settings]
     if dcs3gd:
         save_measured(args.out, dcs3gd)

@@ -123,12 +123,15 @@ def probe_host(repeats: int = 3, rounds: int = 30) -> dict:
 def probe_reference(calibration: dict) -> dict:
     """The probe's quantities as the calibration measured them (its compute at batch 64, its
     runtime job of LeNet's shapes)."""
-    compute = calibration["compute"][PROBE_MODEL]
+    compute = calibration.get("compute", {}).get(PROBE_MODEL)
+    if compute is None:
+        raise ValueError(f"the calibration has no compute of {PROBE_MODEL!r} to compare the host "
+                         f"probe with; calibrate with --models including {PROBE_MODEL}")
     if PROBE_BATCH in compute["batch_sizes"]:
         seconds = compute["seconds"][compute["batch_sizes"].index(PROBE_BATCH)]
     else:
         seconds = compute["fit"]["fixed"] + compute["fit"]["per_sample"] * PROBE_BATCH
-    jobs = [r for r in calibration["runtime"]["jobs"] if r["set"] == PROBE_MODEL]
+    jobs = [r for r in calibration.get("runtime", {}).get("jobs", []) if r["set"] == PROBE_MODEL]
     if not jobs:
         raise ValueError(f"the calibration has no runtime job of {PROBE_MODEL!r}'s shapes to "
                          f"compare the host probe with; run 'plan calibrate' again")

@@ -687,3 +687,5 @@ def test_host_drift_is_the_median_probe_against_the_calibration_and_adjusts_the_
     no_runtime = {**calibration, "runtime": {"jobs": []}}
     with pytest.raises(ValueError, match="no runtime job of 'lenet'"):
         probe_reference(no_runtime)
+    with pytest.raises(ValueError, match="no compute of 'lenet'.*--models including lenet"):
+        probe_reference({**calibration, "compute": {"cifar_resnet20_v1": {}}})

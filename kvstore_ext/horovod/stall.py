@@ -16,6 +16,7 @@ thread's stack (:mod:`faulthandler`), and lets the job go on: a peer that is onl
 from __future__ import annotations
 
 import faulthandler
+import math
 import os
 import sys
 import threading
@@ -35,8 +36,8 @@ def after_seconds(environ=None) -> float:
     try:
         value = float(raw)
     except ValueError:
-        value = float("nan")
-    if not value >= 0 or value == float("inf"):
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{STALL_ENV}={raw!r}: expected seconds, a number >= 0 (0 turns the "
                          f"reports off)")
     return value

@@ -128,7 +128,7 @@ class Costs:
 
     def scaled(self, factor: float) -> "Costs":
         """These costs on a host ``factor`` times as slow (1.2: every CPU second takes 1.2):
-        what :func:`.validate.host_speed` measures when the host drifts after calibration."""
+        what :func:`.validate.host_drift` finds when the host drifts after calibration."""
         changes = {k: getattr(self, k) * factor for k in self.CPU_SECONDS}
         changes.update(bandwidth=self.bandwidth / factor,
                        allreduce_bandwidth=self.allreduce_bandwidth / factor)

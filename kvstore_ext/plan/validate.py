@@ -235,6 +235,7 @@ def table_rows(cases, measured, calibration: dict, drift: dict | None = None) ->
     """Each case predicted against its median measurement; with ``drift`` (:func:`host_drift`)
     also predicted for the host as the probes found it (``adjusted_*``)."""
     costs = Costs.from_calibration(calibration)
+    drifted = costs.scaled(drift["runtime"]) if drift else None
     rows = []
     for c in cases:
         profile = ModelProfile.from_calibration(calibration, c.model)
@@ -249,8 +250,7 @@ def table_rows(cases, measured, calibration: dict, drift: dict | None = None) ->
                "predicted_samples_per_s": samples / pred,
                "measured_samples_per_s": samples / meas}
         if drift:
-            at_drift = predicted(c, profile.scaled(drift["compute"]),
-                                 costs.scaled(drift["runtime"]))
+            at_drift = predicted(c, profile.scaled(drift["compute"]), drifted)
             row.update(adjusted_predicted_s=at_drift, adjusted_predicted_ms=at_drift * 1e3,
                        adjusted_error=at_drift / meas - 1.0,
                        adjusted_predicted_samples_per_s=samples / at_drift)

@@ -18,6 +18,9 @@ multiplies, and every fit reports its R^2:
   server's CPU per push (minus the optimizer) to those and per frame of its own (an array of
   ``protocol.OWN_FRAME_BYTES`` or more); beside them, the optimizer's CPU as each
   server timed its own calls, fitted and reported (not used: :func:`fit_runtime`);
+- **idle rounds**: the same jobs' CPU per round when the processes idle between rounds (an
+  emulated device's sleep), over back to back: what a training job's rounds cost beside the
+  runtime jobs' (:func:`measure_idle_rounds`);
 - **allreduce**: Gloo's ring in real 2-worker Horovod jobs, its wall time and its CPU.
 
 The JSON it writes is what ``predict``, ``search`` and ``validate`` read.
@@ -410,6 +413,46 @@ def measure_runtime(optimizer_fit: dict, sets=RUNTIME_SETS, rounds: int = 30,
     return {"jobs": rows, **fit_runtime(rows, optimizer_fit)}
 
 
+#: the device time that idles a runtime job between its rounds in :func:`measure_idle_rounds`
+IDLE_DEVICE = "60ms"
+
+
+def measure_idle_rounds(sets=("lenet", "cifar_resnet20_v1"), rounds: int = 30,
+                        repeats: int = 5, device: str = IDLE_DEVICE):
+    """How much more a round's CPU costs when the processes idle between rounds, as in
+    training, than back to back, as in :func:`measure_runtime`'s jobs: 1 x 1 ``dist_bsp``
+    jobs of each shape set, with no device and with a ``device`` that sleeps between rounds,
+    interleaved, ``repeats`` of each; the worker's and the server's CPU per round (each the
+    mean without the highest and lowest job), and ``factor``: their sum idle over their sum
+    back to back, over every set.  A round after 60 ms of sleep took 1.27-1.33 times the CPU
+    of one back to back here (caches and the core's state gone cold; 5 ms: 1.05-1.12), so
+    coefficients fitted on back-to-back rounds predicted every training job's exchange short.
+    A generator of measurement units, one per job (:func:`measured`)."""
+    from .jobs import run_job
+    runs = {(name, dev): [] for name in sets for dev in ("", device)}
+    for _ in range(repeats):
+        for name in sets:
+            for dev in ("", device):
+                runs[name, dev].append(run_job("dist_bsp", name, 1, 1, compute=False,
+                                               device=dev, rounds=rounds)[0])
+                yield
+
+    def per_round(rs, of):
+        return trimmed_mean([of(r) / r["rounds"] for r in rs], drop=1)
+    rows, warm, cold = [], 0.0, 0.0
+    for name in sets:
+        row = {"set": name}
+        for dev, label in (("", "back_to_back"), (device, "idle")):
+            rs = runs[name, dev]
+            row[label] = {"worker_cpu_s": per_round(rs, lambda r: r["comm_cpu_s"]),
+                          "server_cpu_s": per_round(rs, lambda r: r["servers"][0]["cpu_s"])}
+        row["factor"] = (sum(row["idle"].values()) / sum(row["back_to_back"].values()))
+        warm += sum(row["back_to_back"].values())
+        cold += sum(row["idle"].values())
+        rows.append(row)
+    return {"device": device, "rows": rows, "factor": cold / warm}
+
+
 def set_frames(name: str) -> int:
     """How many arrays of a runtime job's shape set travel in frames of their own (one
     server: every key whole)."""
@@ -457,7 +500,8 @@ QUICK = {"compute": {"batch_sizes": (16, 64), "passes": 1, "reps": 2},
          "optimizer": {"keys": (1, 64), "sizes": (1_000, 100_000), "passes": 1, "reps": 2,
                        "processes": 1},
          "runtime": {"sets": ("lenet", "256x1024", "16x65536", "8x100"), "repeats": 1,
-                     "rounds": 15}}
+                     "rounds": 15},
+         "idle": {"sets": ("lenet",), "repeats": 1, "rounds": 15}}
 
 
 def measure_allreduce(workers: int = 2, jobs: int = 5):
@@ -525,7 +569,8 @@ def calibration_steps(models=("lenet", "cifar_resnet20_v1"), interference_counts
         ("compute of Horovod workers", horovod),
         ("wire", into("wire", measure_wire, **q.get("wire", {}))),
         ("optimizer", into("optimizer", measure_optimizer, **q.get("optimizer", {}))),
-        ("runtime", runtime)]
+        ("runtime", runtime),
+        ("idle rounds", into("idle", measure_idle_rounds, **q.get("idle", {})))]
     if not quick:
         steps.append(("allreduce", into("allreduce", measure_allreduce)))
     return steps
@@ -618,6 +663,8 @@ def with_coefficients(out: dict) -> dict:
         "latency": out["wire"]["latency"], "bandwidth": out["wire"]["bandwidth"],
         "interference": {str(k): v for k, v in out["interference"]["factor"].items()},
         "cores": out["machine"].get("cores") or os.cpu_count() or 1}
+    if out.get("idle"):                       # calibrations made before it measured none
+        out["coefficients"]["idle_factor"] = out["idle"]["factor"]
     if "step_cv" in out["interference"]:     # calibrations made before it measured none
         out["coefficients"]["compute_cv"] = {
             str(k): v for k, v in out["interference"]["step_cv"].items()}

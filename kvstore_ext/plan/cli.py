@@ -58,9 +58,10 @@ def _params(items: list[str]) -> dict:
 
 def cmd_calibrate(args) -> int:
     from tqdm import tqdm
-    from .calibrate import calibrate, repeatability
+    from .calibrate import calibrate, calibration_steps, repeatability
     models = tuple(m for m in args.models.split(",") if m)
-    bar = tqdm(total=6 if args.quick else 7, desc="calibrate", disable=None)
+    bar = tqdm(total=len(calibration_steps(models, quick=args.quick)), desc="calibrate",
+               disable=None)
     begun = []
 
     def step(name):         # called as each measurement begins

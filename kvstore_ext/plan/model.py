@@ -36,6 +36,8 @@ ALLREDUCE = ("dist_ssgd", "dist_dcs3gd")
 BOTTLENECKS = ("compute", "barrier wait", "worker CPU", "worker link", "server CPU",
                "server link", "host CPU")
 BYTES_PER_PARAM = 4
+#: the time between a process's rounds from which they cost :attr:`Costs.idle_factor` in full
+IDLE_FULL_S = 0.02
 
 
 @dataclass
@@ -57,6 +59,9 @@ class Costs:
     byte of wall time, and ``allreduce_cpu_latency`` and ``allreduce_cpu_byte`` of a worker's
     CPU.  ``compute_cv[k]`` (``horovod_compute_cv[k]``) is the jitter of one step's compute
     when k compute at once, its standard deviation over its mean; none measured: no jitter.
+    ``idle_factor``: a round's runtime CPU (worker and server) when the processes idle
+    between rounds, as training does, over back to back, as the runtime jobs measure it
+    (:meth:`idle_at`).
     """
 
     worker_msg: float = 2e-4
@@ -80,6 +85,15 @@ class Costs:
     compute_cv: dict = field(default_factory=dict)
     horovod_compute_cv: dict | None = None
     cores: int = 2
+    idle_factor: float = 1.0
+
+    def idle_at(self, between_s):
+        """The factor on a parameter-server round's CPU when ``between_s`` seconds (array or
+        number) of compute or device time separate a process's rounds: none back to back,
+        ``idle_factor`` from :data:`IDLE_FULL_S` on, linear between (measured here: 5 ms
+        between rounds cost 1.05-1.12 times, 20 ms and more 1.27-1.33)."""
+        gap = np.clip(np.asarray(between_s, dtype=float) / IDLE_FULL_S, 0.0, 1.0)
+        return 1.0 + (self.idle_factor - 1.0) * gap
 
     def apply_seconds(self, keys, params):
         """A server's CPU seconds for one optimizer application to ``keys`` keys of ``params``
@@ -296,12 +310,15 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
     device = np.asarray(device_s, dtype=float)
     compute = np.maximum(host, device)
     slowest = compute if device_max_s is None else np.maximum(host, device_max_s)
-    worker_cpu = (costs.worker_msg * np.asarray(messages) + costs.worker_key * np.asarray(keys)
-                  + costs.worker_byte * nbytes)
+    # a parameter-server round after the compute or the device's time costs more CPU than the
+    # calibration's back-to-back rounds (Costs.idle_at); the Horovod stores' costs are their own
+    cold = np.where(allreduce, 1.0, costs.idle_at(compute))
+    worker_cpu = cold * (costs.worker_msg * np.asarray(messages)
+                         + costs.worker_key * np.asarray(keys) + costs.worker_byte * nbytes)
     wire = np.asarray(wire_s, dtype=float)
     link = 2 * costs.latency + 2 * smax_bytes / bw + wire
-    push_cpu = costs.push_seconds(server_keys, sbytes, server_frames)
-    apply_cpu = costs.apply_seconds(server_keys, server_elements)
+    push_cpu = cold * costs.push_seconds(server_keys, sbytes, server_frames)
+    apply_cpu = cold * costs.apply_seconds(server_keys, server_elements)
     zero = np.zeros(np.broadcast(n, compute, worker_cpu, push_cpu).shape)
     parts = {name: zero.copy() for name in BOTTLENECKS}
 
@@ -340,8 +357,8 @@ def iteration_time(*, store, workers, batch_size, host_s, device_s, keys, elemen
 
     # one host's cores: every process's CPU in the time of one iteration of each worker
     # (all servers together: every key is on one of them, a message goes to each that holds some)
-    all_push = n * costs.push_seconds(keys, nbytes, frames, messages)
-    all_apply = costs.apply_seconds(keys, elements)
+    all_push = cold * n * costs.push_seconds(keys, nbytes, frames, messages)
+    all_apply = cold * costs.apply_seconds(keys, elements)
     server_cpu = np.where(allreduce, 0.0, all_push + np.where(sync, 1.0, n) * all_apply)
     own_ring = np.where(allreduce, ring_cpu, 0.0)
     cpu = n * (np.asarray(host_s, dtype=float) + worker_cpu + own_ring) + server_cpu
@@ -468,7 +485,7 @@ def predict(profile: ModelProfile, costs: Costs, *, store: str = "dist_bsp", wor
         seconds_arr, parts = iteration_time(
             store="dist_bsp" if store == "dist_psp" else "dist_asp",
             device_s=float(np.mean(devices)), device_max_s=max(devices), **common)
-        push_s, apply_s = server_service(costs, place)
+        push_s, apply_s = server_service(costs, place, costs.idle_at(parts["compute"]))
         seconds, run = simulated_run(store, params or {}, devices, host,
                                      parts["worker CPU"] + parts["worker link"], push_s, apply_s,
                                      workers, horizon_iterations, seed, costs, shared_host)
@@ -482,12 +499,14 @@ def predict(profile: ModelProfile, costs: Costs, *, store: str = "dist_bsp", wor
                       {k: float(v) for k, v in parts.items()}, bottleneck(parts), method, run)
 
 
-def server_service(costs: Costs, place: dict) -> tuple[float, float]:
-    """The busiest server's CPU seconds per push message, and per optimizer application."""
+def server_service(costs: Costs, place: dict, cold=1.0) -> tuple[float, float]:
+    """The busiest server's CPU seconds per push message, and per optimizer application;
+    ``cold``: :meth:`Costs.idle_at` of the time between its rounds (as
+    :func:`iteration_time` takes it)."""
     keys, elements = place["keys"], place["elements"]
-    return (costs.push_seconds(keys, BYTES_PER_PARAM * np.asarray(elements, dtype=float),
-                               place.get("frames", 0)),
-            costs.apply_seconds(keys, elements))
+    return (cold * costs.push_seconds(keys, BYTES_PER_PARAM * np.asarray(elements, dtype=float),
+                                      place.get("frames", 0)),
+            cold * costs.apply_seconds(keys, elements))
 
 
 def simulated_time(*args, **kwargs) -> float:

@@ -291,9 +291,11 @@ def bound_seconds(inputs: dict, parts: dict, devices: dict, mask, store, lead,
     sub = _take(inputs, mask)
     n, costs = sub["workers"], sub["costs"]
     comm = parts["worker CPU"][mask] + parts["worker link"][mask]
+    # the least a round can cost, however long its processes idle (Costs.idle_at)
     push_s, apply_s = server_service(costs, {"keys": sub["server_keys"],
                                              "elements": sub["server_elements"],
-                                             "frames": sub["server_frames"]})
+                                             "frames": sub["server_frames"]},
+                                     min(1.0, costs.idle_factor))
     psp = np.asarray(store)[mask] == "dist_psp"
     server = np.where(psp, n * push_s, push_s) + apply_s
     host = sub["host_s"] * costs.interference_at(np.where(sub["shared_host"], n, 1.0))
@@ -567,7 +569,8 @@ def recheck(profile: ModelProfile, costs: Costs, rows: list[dict], space: Space,
         host = float(profile.host_time(r["batch_size"], r["store"])) \
             if host_compute or not any(devices) else 0.0
         push_s, apply_s = server_service(costs, busiest(profile, r["servers"], costs,
-                                                        r["workers"]))
+                                                        r["workers"]),
+                                         costs.idle_at(p.parts["compute"]))
         sim = simulated_time(r["store"], r["params"], devices, host,
                              p.parts["worker CPU"] + p.parts["worker link"], push_s, apply_s,
                              r["workers"], iterations, 0, costs, shared_host)

@@ -67,6 +67,15 @@ def test_calibration_measures_every_coefficient(calibration):
         assert 0 < row["server_optimizer_cpu_s"] < row["server_cpu_s"], row
     assert data["runtime"]["optimizer_in_place_fit"]["per_param"] > 0
     assert c["opt_param"] == data["optimizer"]["fit"]["per_param"]
+    # the same round's CPU idle between rounds (an emulated device) and back to back: both
+    # measured in real jobs, and the coefficient their ratio
+    (idle,) = data["idle"]["rows"]
+    assert idle["set"] == "lenet" and data["idle"]["device"] == "60ms"
+    for side in ("back_to_back", "idle"):
+        assert 1e-5 < idle[side]["worker_cpu_s"] < 0.1 and 1e-5 < idle[side]["server_cpu_s"] < 0.1
+    assert c["idle_factor"] == pytest.approx(sum(idle["idle"].values())
+                                             / sum(idle["back_to_back"].values()))
+    assert 0.5 < c["idle_factor"] < 3.0
 
 
 def test_interference_probes_time_the_jitter_over_more_rounds_than_the_factor():

@@ -132,6 +132,35 @@ def test_interference_interpolates_and_grows_past_the_last_point():
     assert parts["compute"] == pytest.approx(0.025)
 
 
+def test_a_round_after_idling_costs_the_idle_factor_and_back_to_back_none():
+    """The calibration times rounds back to back; training idles between them (compute, a
+    device), and the worker's and the server's CPU of a round then take ``idle_factor``:
+    in full from IDLE_FULL_S between rounds, linearly below, never for the Horovod stores."""
+    from kvstore_ext.plan.model import IDLE_FULL_S
+    c = costs(idle_factor=1.5)
+    assert float(c.idle_at(0.0)) == 1.0
+    assert float(c.idle_at(IDLE_FULL_S / 2)) == pytest.approx(1.25)
+    assert list(c.idle_at([IDLE_FULL_S, 1.0])) == [1.5, 1.5]
+    for store in ("dist_bsp", "dist_asp"):
+        _, warm = one(store, 2, device=0.1, c=costs())
+        _, cold = one(store, 2, device=0.1, c=c)
+        assert cold["worker CPU"] == pytest.approx(1.5 * warm["worker CPU"]), store
+        assert cold["server CPU"] == pytest.approx(1.5 * warm["server CPU"]), store
+        _, b2b = one(store, 2, device=0.0, c=c)     # nothing between rounds: as calibrated
+        _, b2b_warm = one(store, 2, device=0.0, c=costs())
+        assert b2b["worker CPU"] == pytest.approx(b2b_warm["worker CPU"]), store
+    # by hand: BSP, 2 workers on their own hosts, one server, a 100 ms device
+    keys, nbytes = 2, 4 * 251_000
+    worker = 1.5 * (1e-3 + 1e-4 * keys + 1e-9 * nbytes)
+    push = 1.5 * (2e-3 + 1e-4 * keys + 1e-9 * nbytes)
+    apply = 1.5 * (1e-4 * keys + 1e-9 * 251_000)
+    link = 2 * 1e-4 + 2 * nbytes / 1e9
+    seconds, _ = one("dist_bsp", 2, device=0.1, c=c)
+    assert seconds == pytest.approx(0.1 + worker + link + 2 * push + apply)
+    _, ring = one("dist_ssgd", 2, device=0.1, c=c)
+    assert ring == one("dist_ssgd", 2, device=0.1, c=costs())[1]
+
+
 def test_allreduce_ring_by_hand():
     seconds, parts = one("dist_ssgd", 4)
     ring = 2 * 3 * 1e-4 + 2 * 3 / 4 * 1_004_000 / 1e9
@@ -631,7 +660,7 @@ def test_a_host_twice_as_slow_doubles_every_cpu_second_and_keeps_the_device():
     assert c.worker_msg == 1e-3          # a copy: the calibration's costs are unchanged
     # every field that is seconds of CPU is scaled or named as kept: a new one cannot be missed
     kept = {"interference", "horovod_interference", "compute_cv", "horovod_compute_cv", "cores",
-            "bandwidth", "allreduce_bandwidth"}
+            "bandwidth", "allreduce_bandwidth", "idle_factor"}
     assert set(Costs.__dataclass_fields__) == set(Costs.CPU_SECONDS) | kept
     profile = ModelProfile("toy", [1000, 250_000], compute_fixed=0.001, compute_per_sample=1e-4,
                            horovod_compute_fixed=0.002, horovod_compute_per_sample=2e-4)

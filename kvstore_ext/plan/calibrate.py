@@ -424,8 +424,8 @@ def measure_idle_rounds(sets=("lenet", "cifar_resnet20_v1"), rounds: int = 30,
     jobs of each shape set, with no device and with a ``device`` that sleeps between rounds,
     interleaved, ``repeats`` of each; the worker's and the server's CPU per round (each the
     mean without the highest and lowest job), and ``factor``: their sum idle over their sum
-    back to back, over every set.  A round after 60 ms of sleep took 1.27-1.33 times the CPU
-    of one back to back here (caches and the core's state gone cold; 5 ms: 1.05-1.12), so
+    back to back, over every set.  A round after 20-150 ms of sleep took 1.23-1.40 times the CPU
+    of one back to back here (caches and the core's state gone cold; 5 ms: 1.04-1.12), so
     coefficients fitted on back-to-back rounds predicted every training job's exchange short.
     A generator of measurement units, one per job (:func:`measured`)."""
     from .jobs import run_job

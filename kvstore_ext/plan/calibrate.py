@@ -391,7 +391,7 @@ def measure_runtime(optimizer_fit: dict, sets=RUNTIME_SETS, rounds: int = 30,
     fixed by :mod:`kvstore_ext.ps.heap`), and a median of a few jobs jumps between the modes
     where a mean moves by the share of jobs in each.  A generator of measurement units, one
     per job (:func:`measured`)."""
-    from .jobs import run_job
+    from .jobs import per_round, round_cpu, run_job
     runs = {name: [] for name in sets}
     for _ in range(repeats):
         for name in sets:
@@ -401,15 +401,11 @@ def measure_runtime(optimizer_fit: dict, sets=RUNTIME_SETS, rounds: int = 30,
     for name in sets:
         rs = runs[name]
         keys, elements = rs[0]["keys"], rs[0]["elements"]
-        def per_round(of, rs=rs):   # the mean without the highest and lowest job
-            return trimmed_mean([of(r) / r["rounds"] for r in rs], drop=1)
         rows.append({"set": name, "keys": keys, "bytes": BYTES_PER_PARAM * elements,
                      "frames": set_frames(name),
-                     "round_s": per_round(lambda r: r["seconds"]),
-                     "worker_cpu_s": per_round(lambda r: r["comm_cpu_s"]),
-                     "server_cpu_s": per_round(lambda r: r["servers"][0]["cpu_s"]),
+                     "round_s": per_round(rs, lambda r: r["seconds"]), **round_cpu(rs),
                      "server_optimizer_cpu_s": per_round(
-                         lambda r: r["servers"][0]["optimizer_cpu_s"])})
+                         rs, lambda r: r["servers"][0]["optimizer_cpu_s"])})
     return {"jobs": rows, **fit_runtime(rows, optimizer_fit)}
 
 
@@ -428,7 +424,7 @@ def measure_idle_rounds(sets=("lenet", "cifar_resnet20_v1"), rounds: int = 30,
     of one back to back here (caches and the core's state gone cold; 5 ms: 1.04-1.12), so
     coefficients fitted on back-to-back rounds predicted every training job's exchange short.
     A generator of measurement units, one per job (:func:`measured`)."""
-    from .jobs import run_job
+    from .jobs import round_cpu, run_job
     runs = {(name, dev): [] for name in sets for dev in ("", device)}
     for _ in range(repeats):
         for name in sets:
@@ -436,16 +432,11 @@ def measure_idle_rounds(sets=("lenet", "cifar_resnet20_v1"), rounds: int = 30,
                 runs[name, dev].append(run_job("dist_bsp", name, 1, 1, compute=False,
                                                device=dev, rounds=rounds)[0])
                 yield
-
-    def per_round(rs, of):
-        return trimmed_mean([of(r) / r["rounds"] for r in rs], drop=1)
     rows, warm, cold = [], 0.0, 0.0
     for name in sets:
         row = {"set": name}
         for dev, label in (("", "back_to_back"), (device, "idle")):
-            rs = runs[name, dev]
-            row[label] = {"worker_cpu_s": per_round(rs, lambda r: r["comm_cpu_s"]),
-                          "server_cpu_s": per_round(rs, lambda r: r["servers"][0]["cpu_s"])}
+            row[label] = round_cpu(runs[name, dev])
         row["factor"] = (sum(row["idle"].values()) / sum(row["back_to_back"].values()))
         warm += sum(row["back_to_back"].values())
         cold += sum(row["idle"].values())

@@ -303,6 +303,20 @@ def run_job(kvstore: str, model: str, workers: int, servers: int, *, compute: bo
         return out
 
 
+def per_round(results: list[dict], of) -> float:
+    """``of(result) / rounds`` over several jobs' results, the mean without the highest and
+    lowest job (what ``calibrate`` and the host probe summarise a set of jobs by)."""
+    from .timing import trimmed_mean
+    return trimmed_mean([of(r) / r["rounds"] for r in results], drop=1)
+
+
+def round_cpu(results: list[dict]) -> dict:
+    """A worker's and the (first) server's CPU seconds per round over several 1 x 1 jobs
+    (:func:`per_round`)."""
+    return {"worker_cpu_s": per_round(results, lambda r: r["comm_cpu_s"]),
+            "server_cpu_s": per_round(results, lambda r: r["servers"][0]["cpu_s"])}
+
+
 def seconds_per_iteration(results: list[dict], kvstore: str) -> float:
     """The job's mean time per iteration of one worker: the slowest worker's under a
     synchronous store (all keep its pace), else n over the sum of the workers' rates."""

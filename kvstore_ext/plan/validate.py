@@ -107,17 +107,13 @@ def probe_host(repeats: int = 3, rounds: int = 30) -> dict:
     A calibration is a snapshot: on a shared machine the same job ran 15-25% slower an hour
     after one (docs/planner.md), and every prediction moved with it.  Probing before each
     trial of the grid tells the host's drift apart from the model's error."""
-    from .jobs import run_job, run_layer_times
-    compute, worker, server = [], [], []
+    from .jobs import round_cpu, run_job, run_layer_times
+    compute, jobs = [], []
     for _ in range(repeats):
         compute.append(run_layer_times(PROBE_MODEL, PROBE_BATCH, 2)["whole"])
-        job = run_job("dist_bsp", PROBE_MODEL, 1, 1, compute=False, rounds=rounds)[0]
-        worker.append(job["comm_cpu_s"] / job["rounds"])
-        server.append(job["servers"][0]["cpu_s"] / job["rounds"])
+        jobs.append(run_job("dist_bsp", PROBE_MODEL, 1, 1, compute=False, rounds=rounds)[0])
     return {"when": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "compute_s": trimmed_mean(compute, drop=1),
-            "worker_cpu_s": trimmed_mean(worker, drop=1),
-            "server_cpu_s": trimmed_mean(server, drop=1)}
+            "compute_s": trimmed_mean(compute, drop=1), **round_cpu(jobs)}
 
 
 def probe_reference(calibration: dict) -> dict:

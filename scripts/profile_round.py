@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)
 #: category any frame of its stack names, so an optimizer's MXNet call counts as the
 #: optimizer and an authenticator's JSON as authentication
 CATEGORIES = [
-    ("authentication (message tags)", ("Codec._tag", "poly1305", "clear_vector_upper_state")),
+    ("authentication (message tags)", ("Codec._tag", "clear_vector_upper_state")),
     ("optimizer (the servers' SGD)", ("ServerOptimizer", "optimizers.py", "sgd_mom_update",
                                          "multi_sgd", "sgd_update")),
     ("pyzmq's zero-copy garbage thread (mostly blocked)", ("zmq/utils/garbage",)),

@@ -37,6 +37,32 @@ def no_params(params: dict) -> dict:
     return {}
 
 
+class TypeName(str):
+    """A store's ``kvstore.type``: its name, which also answers stock MXNet's substring
+    checks as the name of the MXNet store whose scaling it keeps (``like``).
+
+    MXNet tells stores apart by parts of ``kvstore.type``.  ``Module.init_optimizer`` scales
+    gradients by 1 / (batch x workers) when the type holds ``'_sync'`` (one update of the
+    summed pushes) and by 1 / batch otherwise; the older ``FeedForward`` by 1 / (batch x
+    workers) unless it holds ``'_async'``; ``gluon.Trainer`` keeps updates on the servers
+    when it holds ``'async'``.  ``'dist_bsp'`` holds none of them, so a Module script moved
+    from ``dist_sync`` to it took steps as many times longer as there were workers.
+    ``part in name`` is true when ``part`` is in the name or in ``like``; everything else
+    (equality, hashing, printing, JSON, pickling) is the plain name's.
+    """
+
+    def __new__(cls, name: str, like: str | None = None):
+        self = super().__new__(cls, name)
+        self.like = str(like or name)
+        return self
+
+    def __contains__(self, part) -> bool:
+        return str.__contains__(self, part) or part in self.like
+
+    def __reduce__(self):
+        return str, (str(self),)
+
+
 @dataclass(frozen=True)
 class StoreType:
     """One row of the table.
@@ -73,6 +99,22 @@ class StoreType:
         if self.backend == PS and self.policy is None and self.server_handler is None:
             raise ValueError(f"store type {self.name!r}: a parameter-server store needs a "
                              f"policy (or a server_handler)")
+
+    @property
+    def mxnet_like(self) -> str | None:
+        """The MXNet store whose gradient scaling this one keeps, for stock MXNet code that
+        tells stores apart by their ``type`` (:class:`TypeName`): ``dist_async`` for the
+        stores that apply each push, ``dist_sync`` for those that sum pushes into one update
+        (``dist_bsp``, ``dist_psp``); None for the Horovod stores, which apply the workers'
+        mean gradient as Horovod's ``DistributedTrainer`` does."""
+        if self.backend != PS:
+            return None
+        return "dist_async" if self.asynchronous else "dist_sync"
+
+    def type_name(self) -> "TypeName":
+        """What the store's ``kvstore.type`` gives: the name, answering MXNet's checks as
+        :attr:`mxnet_like`'s."""
+        return TypeName(self.name, self.mxnet_like)
 
     def make_policy(self, workers, params: dict, record: bool = False) -> SyncPolicy:
         if self.policy is None:

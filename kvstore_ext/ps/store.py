@@ -75,6 +75,7 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
 
     def __init__(self, **params):
         self._config = registry.job_config(self.store_type, params)
+        self._type = registry.lookup(self._config.type).type_name()
         self._conn = _shared_connection(self._config)
         self._part = Partitioner(self._conn.num_servers, self._conn.env.bigarray_bound)
         self._meta: dict = {}          # key -> (shape, dtype)
@@ -102,7 +103,9 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
     # -- properties MXNet asks for ----------------------------------------------------------
     @property
     def type(self) -> str:
-        return self._config.type
+        """The store's name, which MXNet's own checks read as ``dist_sync``'s or
+        ``dist_async``'s (:class:`kvstore_ext.registry.TypeName`)."""
+        return self._type
 
     @property
     def params(self) -> dict:

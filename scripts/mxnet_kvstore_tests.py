@@ -4,8 +4,8 @@
 MXNet's nightly tests (``tests/nightly/dist_sync_kvstore.py``, ``dist_async_kvstore.py``,
 ``dist_device_sync_kvstore.py`` of an apache/mxnet checkout, 1.9.x) are run as MXNet's CI runs
 them (``launch.py -n 7 --launcher local``, 7 workers and 7 servers), once on MXNet's own store
-and once on kvstore_ext's with the store's name changed and ``import kvstore_ext`` added,
-nothing else (``dist_device_sync_kvstore.py`` also has its ``mx.gpu(i)`` contexts made
+and once on kvstore_ext's with the store's name changed, nothing else: launch.py's workers
+register the stores when the test imports mxnet (its autoload; no ``import kvstore_ext``) (``dist_device_sync_kvstore.py`` also has its ``mx.gpu(i)`` contexts made
 ``mx.cpu(i)`` on a machine without GPUs, for both runs).  Nothing of MXNet's is shipped here:
 the tests are read from the checkout given.
 
@@ -75,7 +75,6 @@ def adapted(source: str, native: str, ours: str | None, cpu_only: bool) -> str:
     """MXNet's test with the store's name changed (when ``ours``) and nothing else."""
     if ours:
         source = source.replace(f"mx.kv.create('{native}')", f"mx.kv.create('{ours}')")
-        source = source.replace("import mxnet as mx\n", "import mxnet as mx\nimport kvstore_ext\n", 1)
     if cpu_only:
         source = re.sub(r"mx\.gpu\(", "mx.cpu(", source)
     return source

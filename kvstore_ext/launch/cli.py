@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a Python module that registers more store types "
                         "(kvstore_ext.registry.register); every process of the job imports it "
                         "on `import kvstore_ext` (KVX_PLUGINS); repeatable")
+    p.add_argument("--no-autoload", action="store_true",
+                   help="leave the workers' Python as it is. By default a local or Horovod "
+                        "job's workers import kvstore_ext as soon as their script imports mxnet "
+                        "(a sitecustomize put first on their PYTHONPATH), so that an unmodified "
+                        "MXNet script can name the stores, e.g. --kv-store dist_bsp; with this "
+                        "option (and on ssh or mpi hosts) the script needs 'import kvstore_ext'")
     p.add_argument("--scheduler-host", type=str,
                    help="address the scheduler binds to and nodes connect to (default: 127.0.0.1 "
                         "for local jobs, else this machine's address towards the first host)")

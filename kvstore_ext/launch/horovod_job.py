@@ -22,7 +22,7 @@ import time
 from .. import jobenv
 from ..horovod.params import worker_kernels
 from .hosts import loopback_interface, read_hostfile
-from .options import parse_env_pairs, store_env, straggler_env, worker_command
+from .options import autoload_env, parse_env_pairs, store_env, straggler_env, worker_command
 from .process import Node, Supervisor
 
 LOCALHOST = "localhost"
@@ -56,6 +56,7 @@ class HorovodJob:
         env.update(parse_env_pairs(a.env_worker))
         env.update(self.straggler_env)   # --worker-speed
         env.update(store_env(a))
+        env.update(autoload_env(a, env))
         env.update({
             "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
             "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",

@@ -87,6 +87,16 @@ def straggler_env(args) -> dict:
             jobenv.SPEED_JITTER: str(args.speed_jitter), jobenv.SPEED_SEED: str(args.speed_seed)}
 
 
+def autoload_env(args, env: dict) -> dict:
+    """A worker's ``PYTHONPATH`` with :mod:`kvstore_ext.launch.autoload` first, so that its
+    script's ``import mxnet`` registers the stores (unless ``--no-autoload``)."""
+    if getattr(args, "no_autoload", False):
+        return {}
+    from .autoload import FOLDER
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != FOLDER]
+    return {"PYTHONPATH": os.pathsep.join([FOLDER, *rest])}
+
+
 def store_env(args) -> dict:
     """``--kv-param``, ``--metrics-dir`` and ``--plugin`` as every process's variables."""
     env = {}

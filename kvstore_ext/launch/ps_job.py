@@ -14,7 +14,7 @@ import sys
 from .. import jobenv
 from ..ps import faults
 from .hosts import address_towards, free_port, read_hostfile
-from .options import parse_env_pairs, store_env, straggler_env, worker_command
+from .options import autoload_env, parse_env_pairs, store_env, straggler_env, worker_command
 from .process import Node, Supervisor, guarded
 
 #: variables a node on another host gets from this machine's environment, besides the job's
@@ -100,6 +100,8 @@ class Job:
         if self.launcher != "ssh":
             env[jobenv.SECRET] = self.secret   # over ssh it travels on stdin, not argv
         env.update(store_env(a))
+        if role == "worker" and self.launcher == "local":
+            env.update(autoload_env(a, env))
         if role == "server":
             env.update(self.fault_env)
             for var, value in jobenv.SERVER_COMPUTE_DEFAULTS.items():

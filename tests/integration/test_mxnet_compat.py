@@ -6,12 +6,13 @@
 - a Module script (``mod.fit``) trains under ``dist_bsp`` exactly as under ``dist_sync``.
 """
 import os
+import sys
 
 import mxnet as mx
 import numpy as np
 import pytest
 
-from conftest import JOBS, ROOT, read_json, tagged
+from conftest import JOBS, LAUNCH, ROOT, read_json, tagged
 
 # pull_same_array.py's pulls, as MXNet's own stores answer them (see the test below)
 EXPECTED_PULLS = {"pull_keys": [30.0, 30.0], "pull_keys_reordered": [30.0, 30.0],
@@ -147,3 +148,28 @@ def test_module_fit_under_dist_bsp_equals_dist_sync(run_job, tmp_path):
     asynchronous, _ = module_run(run_job, tmp_path, "dist_asp", "--lr", "0.02")
     assert [r["rescale_grad"] for r in asynchronous] == [1 / 32] * 2
     assert min(r["accuracy"] for r in asynchronous) >= 0.85, asynchronous
+
+
+@pytest.mark.parametrize("kvstore,options", [("dist_bsp", []),
+                                             ("dist_ssgd", ["--launcher", "horovod"])])
+def test_an_unmodified_mxnet_script_names_the_stores(jobs, kvstore, options):
+    """No ``import kvstore_ext`` in the script (as in MXNet's own examples, ``--kv-store
+    dist_bsp``): launch.py's workers import it with mxnet.  Without that, MXNet gives the name
+    to ps-lite, which dies on a missing DMLC_NUM_WORKER; --no-autoload keeps that behaviour."""
+    script = [sys.executable, os.path.join(JOBS, "no_import.py"), kvstore]
+    argv = [sys.executable, LAUNCH, "-n", "2", "-s", "1", "--launcher", "local", *options]
+    job = jobs(argv + script)
+    assert job.wait(180) == 0, job.output[-3000:]
+    results = tagged(job.output, "RESULT")
+    assert sorted(r["rank"] for r in results) == [0, 1], job.output[-3000:]
+    for r in results:
+        assert r["type"] == kvstore and r["module"].startswith("kvstore_ext."), r
+        assert r["preloaded"] is True
+    # one step, both workers' gradients [1, 2]: summed under dist_bsp (as dist_sync), their
+    # mean under dist_ssgd (as Horovod's DistributedTrainer)
+    step = 0.5 * (2 if kvstore == "dist_bsp" else 1)
+    assert all(r["weight"] == [[1 - step, 1 - 2 * step]] for r in results), results
+    if kvstore == "dist_bsp":
+        refused = jobs(argv + ["--no-autoload"] + script)
+        assert refused.wait(180) != 0
+        assert "DMLC_NUM_WORKER" in refused.output, refused.output[-3000:]

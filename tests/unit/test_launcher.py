@@ -108,3 +108,60 @@ def test_the_launch_command_loads_no_mxnet():
     assert out.returncode == 0, out.stdout
     assert "worker 0:" in out.stdout
     assert "mxnet loaded: False role left: False" in out.stdout, out.stdout
+
+
+def test_workers_get_the_autoload_folder_first_on_their_pythonpath(monkeypatch):
+    """Local workers (not the scheduler or servers, not --no-autoload, not ps-lite's nodes)
+    get kvstore_ext.launch.autoload first on PYTHONPATH, the user's entries kept after it."""
+    from kvstore_ext.launch.autoload import FOLDER
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/user/lib", FOLDER]))
+
+    def paths(*options):
+        args = build_parser().parse_args(["-n", "2", "-s", "1", *options, "python", "x.py"])
+        job = Job(args)
+        job.native_port = 1235          # what start_scheduler() sets for ps-lite's nodes
+        return {n.name: n.env.get("PYTHONPATH") for n in job.plan(1234)}
+    got = paths()
+    assert got["worker 0"] == got["worker 1"] == os.pathsep.join([FOLDER, "/user/lib"])
+    assert got["server 0"] == os.pathsep.join(["/user/lib", FOLDER])    # as the shell had it
+    assert set(paths("--no-autoload").values()) == {os.pathsep.join(["/user/lib", FOLDER])}
+    assert set(paths("--backend", "mxnet").values()) == {os.pathsep.join(["/user/lib", FOLDER])}
+
+
+def _python_with_autoload(tmp_path, code, *before):
+    from kvstore_ext.launch.autoload import FOLDER
+    env = {k: v for k, v in os.environ.items() if k != jobenv.ROLE}
+    env["PYTHONPATH"] = os.pathsep.join([*before, FOLDER, str(tmp_path)])
+    return subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+
+
+def test_autoload_registers_the_stores_when_the_script_imports_mxnet(tmp_path):
+    """Nothing is imported at start-up; ``import mxnet`` brings the stores (from a checkout:
+    the folder's package); a sitecustomize further along the path still runs."""
+    (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITE'] = 'ran'\n")
+    out = _python_with_autoload(tmp_path, (
+        "import os, sys\n"
+        "print('at start:', 'kvstore_ext' in sys.modules, 'mxnet' in sys.modules, "
+        "os.environ.get('OTHER_SITE'))\n"
+        "import mxnet as mx\n"
+        "print('after:', sorted(n for n in mx.kvstore.KVStoreBase.kv_registry "
+        "if n.startswith('dist_')))\n"
+        "print('from:', os.path.dirname(sys.modules['kvstore_ext'].__file__))\n"
+        "print('loader:', mx.__spec__.loader.get_filename('mxnet'))\n"))
+    assert out.returncode == 0, out.stdout
+    assert "at start: False False ran" in out.stdout, out.stdout
+    assert "'dist_bsp'" in out.stdout and "'dist_ssgd'" in out.stdout, out.stdout
+    assert f"from: {os.path.join(ROOT, 'kvstore_ext')}" in out.stdout, out.stdout
+    assert "mxnet/__init__.py" in out.stdout, out.stdout
+
+
+def test_autoload_that_cannot_import_kvstore_ext_leaves_mxnet_working(tmp_path):
+    broken = tmp_path / "broken"
+    (broken / "kvstore_ext").mkdir(parents=True)
+    (broken / "kvstore_ext" / "__init__.py").write_text("raise ImportError('no pyzmq here')\n")
+    out = _python_with_autoload(tmp_path, "import mxnet as mx; print('sum', mx.nd.ones(3).sum().asscalar())",
+                                str(broken))
+    assert out.returncode == 0, out.stdout
+    assert "sum 3.0" in out.stdout
+    assert "kvstore_ext: its stores are not registered (ImportError: no pyzmq here)" in out.stdout

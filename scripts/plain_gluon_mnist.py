@@ -26,7 +26,7 @@ from mxnet import autograd, gluon
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import kvstore_ext  # noqa: E402,F401  (registers dist_asp, ...; harmless for MXNet's own stores)
-from gluon_trainers.data import load_mnist  # noqa: E402
+from gluon_trainers.data import load_mnist, shard  # noqa: E402
 
 
 MOMENTUM_OPTIMIZERS = {"sgd", "nag", "signum", "dcasgd", "adagradmomentum"}
@@ -80,9 +80,8 @@ def main(argv=None):
     np.random.seed(args.seed)
     kv = mx.kv.create(args.kvstore)
     x_train, y_train, x_test, y_test = load_mnist(args.data, 8000, 2000)
-    per = len(x_train) // kv.num_workers
-    mine = slice(kv.rank * per, (kv.rank + 1) * per)
-    train = gluon.data.DataLoader(gluon.data.ArrayDataset(x_train[mine], y_train[mine]),
+    train = gluon.data.DataLoader(gluon.data.ArrayDataset(*shard(x_train, y_train, kv.rank,
+                                                                 kv.num_workers)),
                                   batch_size=args.batch_size, shuffle=True, last_batch="discard")
     net = lenet()
     net.initialize(mx.init.Xavier())

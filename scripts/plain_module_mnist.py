@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import kvstore_ext  # noqa: E402,F401  (registers dist_bsp, ...; harmless for MXNet's own stores)
-from gluon_trainers.data import load_mnist  # noqa: E402
+from gluon_trainers.data import load_mnist, shard  # noqa: E402
 
 
 def lenet_symbol():
@@ -64,9 +64,7 @@ def main(argv=None):
     np.random.seed(args.seed)
     kv = mx.kv.create(args.kvstore)
     x_train, y_train, x_test, y_test = load_mnist(args.data, 8000, 2000)
-    per = len(x_train) // kv.num_workers
-    mine = slice(kv.rank * per, (kv.rank + 1) * per)
-    train = mx.io.NDArrayIter(x_train[mine], y_train[mine], args.batch_size,
+    train = mx.io.NDArrayIter(*shard(x_train, y_train, kv.rank, kv.num_workers), args.batch_size,
                               last_batch_handle="discard", label_name="softmax_label")
     test = mx.io.NDArrayIter(x_test, y_test, 500, label_name="softmax_label")
     mod = mx.mod.Module(lenet_symbol(), context=mx.cpu())

@@ -671,6 +671,11 @@ class ServerOptimizer:
             states[key] = home.view("momentum", start, stop).copy()
         return pickle.dumps(states)
 
+    def update_counts(self) -> tuple[int, dict]:
+        """Where the optimizer is: ``num_update`` and each key's update count, which MXNet's
+        schedulers and Adam's bias correction read."""
+        return self.optimizer.num_update, dict(self.optimizer._index_update_count)
+
     def set_states(self, states: dict) -> None:
         """Take ``states`` (as :meth:`get_states` gives them); flat storage copies them in at
         the next update."""

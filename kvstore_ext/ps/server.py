@@ -977,7 +977,8 @@ class Server:
             raise RequestError("no optimizer has been set on the kvstore, so it has no states")
         blocks = [[s.key, s.block] for s in self.slots.values()]
         self.reply(ident, header["seq"], {"blocks": blocks},
-                   buffers=[self.optimizer.get_states()],
+                   buffers=[self.optimizer.get_states(),
+                            pickle.dumps(self.optimizer.update_counts())],
                    worker=header["worker"])
 
     def op_set_states(self, ident, header, buffers) -> None:

@@ -464,16 +464,23 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         replies = self._conn.request({s: ({"op": Op.GET_STATES}, [])
                                       for s in range(self.num_servers)})
         per_key: dict = {}
+        num_update, counts = 0, {}
         for server, (header, buffers) in replies.items():
             states = pickle.loads(bytes(buffers[0]))   # authenticated reply
             for key, block in header["blocks"]:
                 if key in states:
                     per_key.setdefault(key, {})[block] = states[key]
+            server_num_update, server_counts = pickle.loads(bytes(buffers[1]))
+            num_update = max(num_update, server_num_update)
+            for key, count in server_counts.items():   # a split key: each block counts
+                counts[key] = max(counts.get(key, 0), count)
         merged = {}
         for key, blocks in per_key.items():
             shape = self._meta[key][0] if key in self._meta else None
             merged[key] = _merge_state([blocks[i] for i in sorted(blocks)], shape)
-        optimizer = self._updater.optimizer if self._updater is not None else None
+        optimizer = None
+        if dump_optimizer and self._updater is not None:
+            optimizer = _with_counts(self._updater.optimizer, num_update, counts)
         with open(fname, "wb") as f:
             f.write(pickle.dumps((merged, optimizer) if dump_optimizer else merged))
 
@@ -534,6 +541,18 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
             self._raise_deferred()
         finally:
             self._conn.close()
+
+
+def _with_counts(optimizer, num_update: int, counts: dict):
+    """A copy of the workers' ``optimizer`` (the settings they gave) that is where the
+    servers' optimizer is: its ``num_update`` and per-key update counts.  The workers' own
+    copy never updates, so without them a file loaded back would restart Adam's bias
+    correction and every schedule from step 0."""
+    copy = pickle.loads(pickle.dumps(optimizer))
+    copy.num_update = num_update
+    copy._all_index_update_counts = {0: dict(counts)}
+    copy._index_update_count = copy._all_index_update_counts[0]
+    return copy
 
 
 def _merge_state(blocks, shape):

@@ -117,6 +117,26 @@ def test_optimizer_states_save_and_load_in_mxnet_format(run_job, tmp_path):
     assert r["round_trip_equal"]
 
 
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_trainer_states_saved_and_loaded_mid_run_change_nothing(run_job, tmp_path, servers):
+    """trainer.save_states then load_states after 12 of 20 Adam steps, update on the servers:
+    the same weights, bit for bit, as the run without them.  The file's optimizer must be
+    where the servers' is (12 updates of every key): it held the workers' copy, which never
+    updates, so loading it restarted Adam's bias correction (and any schedule) from step 0."""
+    weights = {}
+    for name, extra in (("straight", []), ("round_trip", ["--round-trip-at", "12"])):
+        out = str(tmp_path / name)
+        code, log = run_job(2, servers, [os.path.join(JOBS, "states_round_trip.py"), "dist_bsp",
+                                         out, *extra], env={"KVX_BIGARRAY_BOUND": "1000"})
+        assert code == 0, log[-3000:]
+        with np.load(out + ".npz") as f:
+            weights[name] = {k: f[k] for k in f}
+    assert read_json(str(tmp_path / "round_trip.json")) == {"num_update": 12, "counts": [12]}
+    for k, straight in weights["straight"].items():
+        assert np.array_equal(weights["round_trip"][k], straight), k
+
+
 TWO_DEVICE_TRAINER = '''
 """Stock gluon.Trainer, two devices per worker: one pushpull per parameter and step."""
 import sys

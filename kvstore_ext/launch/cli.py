@@ -19,6 +19,9 @@ from .ps_job import Job
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="launch.py",
+        # the workers' command follows the options: with abbreviations on, one of its own
+        # options that begins like two of ours ("--sched") stopped the launch as ambiguous
+        allow_abbrev=False,
         description="Launch a distributed training job with kvstore_ext's stores (dist_bsp, "
                     "dist_asp, dist_ssp, ...) or, with --backend mxnet, MXNet's own dist_sync / "
                     "dist_async. Same command line as MXNet's tools/launch.py.",

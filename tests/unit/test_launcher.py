@@ -165,3 +165,14 @@ def test_autoload_that_cannot_import_kvstore_ext_leaves_mxnet_working(tmp_path):
     assert out.returncode == 0, out.stdout
     assert "sum 3.0" in out.stdout
     assert "kvstore_ext: its stores are not registered (ImportError: no pyzmq here)" in out.stdout
+
+
+def test_the_workers_options_are_theirs_even_when_they_begin_like_ours():
+    """The command after the launcher's options is the workers', verbatim: '--sched' (the
+    start of --scheduler-host and --scheduler-port) stopped the launch as ambiguous, and a
+    prefix of one option would have been taken for it."""
+    args = build_parser().parse_args(["-n", "1", "-s", "1", "python", "t.py", "--sched", "3",
+                                      "--dev", "x", "--time", "1", "--kv-param", "a=1"])
+    assert args.command == ["python", "t.py", "--sched", "3", "--dev", "x", "--time", "1",
+                            "--kv-param", "a=1"]
+    assert args.device is None and args.timeout == 0 and args.kv_param == []

@@ -12,7 +12,9 @@ the workers each one would pull back a different gradient sum and the copies of
 the model would silently drift apart.  Their classes say ``asynchronous = True``;
 the wrapper installed here gives them MXNet's async rule: the same ValueError
 for ``update_on_kvstore=False``, update on the kvstore otherwise (even with
-``MXNET_UPDATE_ON_KVSTORE=0``).  Other stores are left to MXNet.
+``MXNET_UPDATE_ON_KVSTORE=0``).  The Horovod stores (``dist_ssgd``, ``dist_dcs3gd``)
+run the optimizer inside the store and get the same rule, with an error that names
+them.  Other stores are left to MXNet.
 """
 from __future__ import annotations
 
@@ -32,6 +34,13 @@ def is_asynchronous(kvstore) -> bool:
     return bool(getattr(kvstore, "asynchronous", False))
 
 
+def updates_on_workers(kvstore) -> bool:
+    """Whether ``kvstore`` is one of the Horovod stores, which run the optimizer inside the
+    store on every worker and cannot hand summed gradients back instead."""
+    name = _store_name(kvstore).lower()
+    return name in registry.names(registry.HOROVOD)
+
+
 def install() -> None:
     """Wrap ``gluon.Trainer._init_kvstore`` (once; subclasses inherit it)."""
     native = gluon.Trainer._init_kvstore
@@ -43,9 +52,15 @@ def install() -> None:
         config = self._kvstore_params
         _refuse_delay_optimizer(self._optimizer, config["kvstore"])
         _refuse_sparse_params(self._params, config["kvstore"])
-        if not is_asynchronous(config["kvstore"]):
+        decentralised = updates_on_workers(config["kvstore"])
+        if not is_asynchronous(config["kvstore"]) and not decentralised:
             return native(self)
         if config["update_on_kvstore"] is False:
+            if decentralised:
+                name = _store_name(config["kvstore"])
+                raise ValueError(f"{name} runs the optimizer inside the store on every worker: "
+                                 f"update_on_kvstore=False is not supported; leave it None or "
+                                 f"set it to True")
             raise ValueError("Please set update_on_kvstore=True when training in async mode.")
         # MXNet's own answer for an async store; asked as the user's choice, it also makes
         # Trainer send the optimizer to the servers, whatever MXNET_UPDATE_ON_KVSTORE says

@@ -485,6 +485,10 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
             f.write(pickle.dumps((merged, optimizer) if dump_optimizer else merged))
 
     def load_optimizer_states(self, fname):
+        """Load a file of :meth:`save_optimizer_states` into the servers, worker 0's, as with
+        ``init`` (every worker calls it, as ``trainer.load_states`` does; the others only take
+        the file's optimizer): were each to send its own, on an asynchronous store a later
+        one would roll back the counts and moments of the updates applied since the first."""
         self._settle()
         with open(fname, "rb") as f:
             loaded = pickle.loads(f.read())
@@ -492,14 +496,15 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
             states, optimizer = loaded
         else:
             states, optimizer = loaded, None
-        per_server: dict[int, dict] = {s: {} for s in range(self.num_servers)}
-        for key, state in states.items():
-            shape = self._meta[key][0] if key in self._meta else None
-            size = int(np.prod(shape)) if shape else _state_size(state)
-            for b in self._part.blocks(key, size):
-                per_server[b.server][key] = _slice_state(state, b.start, b.stop)
-        self._conn.request({s: ({"op": Op.SET_STATES}, [pickle.dumps((st, optimizer))])
-                            for s, st in per_server.items()})
+        if self.rank == 0:
+            per_server: dict[int, dict] = {s: {} for s in range(self.num_servers)}
+            for key, state in states.items():
+                shape = self._meta[key][0] if key in self._meta else None
+                size = int(np.prod(shape)) if shape else _state_size(state)
+                for b in self._part.blocks(key, size):
+                    per_server[b.server][key] = _slice_state(state, b.start, b.stop)
+            self._conn.request({s: ({"op": Op.SET_STATES}, [pickle.dumps((st, optimizer))])
+                                for s, st in per_server.items()})
         if optimizer is not None or self._updater is None:
             self._updater = mx.optimizer.get_updater(optimizer or mx.optimizer.SGD())
         self._updater.states = states

@@ -1,4 +1,6 @@
-"""Save the servers' optimizer states, check the file is MXNet's format, load it back."""
+"""Save the servers' optimizer states, check the file is MXNet's format, load it back.
+Worker 1 then loads a file of its own (momentum all zeros): worker 0's load is the one the
+servers keep, as worker 0's values are for init."""
 import json
 import sys
 
@@ -27,6 +29,15 @@ if kv.rank == 0:
     # momentum after 3 steps of gradients 1, 2, 3 (summed over 2 workers, rescaled by 0.5)
     report["mom0"] = float(updater.states["small"].asnumpy().ravel()[0])
     kv.load_optimizer_states(out)
+kv.barrier()
+if kv.rank == 1:
+    own = mx.optimizer.get_updater(mx.optimizer.SGD(momentum=0.9))
+    own.states = {k: mx.nd.zeros(s) for k, s in shapes.items()}
+    with open(out + ".worker1", "wb") as f:
+        f.write(own.get_states(dump_optimizer=True))
+    kv.load_optimizer_states(out + ".worker1")
+kv.barrier()
+if kv.rank == 0:
     kv.save_optimizer_states(out + ".again", dump_optimizer=False)
     again = mx.optimizer.get_updater(mx.optimizer.SGD())
     again.set_states(open(out + ".again", "rb").read())

@@ -107,3 +107,17 @@ def test_module_scales_gradients_as_for_the_mxnet_store(name):
         assert got == pytest.approx(1 / (BATCH * WORKERS))
     elif row.mxnet_like == "dist_async":
         assert got == pytest.approx(1 / BATCH)
+
+
+@pytest.mark.parametrize("name", registry.names(registry.HOROVOD))
+def test_horovod_stores_refuse_update_on_kvstore_false_by_name(name):
+    """They run the optimizer inside the store: gluon.Trainer's update_on_kvstore=False would
+    fail at its first step with a hint; it is refused where MXNet refuses it for dist_async,
+    before any store is made, naming the store and the option."""
+    net = mx.gluon.nn.Dense(2, in_units=3)
+    net.initialize()
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
+                               kvstore=name, update_on_kvstore=False)
+    with pytest.raises(ValueError, match=f"{name} runs the optimizer inside the store on every "
+                                         f"worker: update_on_kvstore=False is not supported"):
+        trainer._init_kvstore()

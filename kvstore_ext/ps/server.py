@@ -261,6 +261,8 @@ class Server:
         self.last_values: tuple = (None, [])   # ((route, epoch, versions), weights copied)
         self.init_waiting: list[InitWait] = []
         self.init_seen: dict[tuple, set] = {}   # (key, block) -> workers that initialised it
+        #: (key, block) -> (shape, dtype, worker) of its first init, with or without a value
+        self.init_declared: dict[tuple, tuple] = {}
         self.optimizer = None   # the ServerOptimizer the workers set
         self.pooled = False   # dist_pool: a worker pool decides who computes (set at start)
         self.joined: set[int] = set()   # workers that joined the running job
@@ -628,14 +630,24 @@ class Server:
         has_value = header.get("has_value", False) is True
         if has_value and len(buffers) != len(items):
             raise RequestError("init: one buffer per key expected")
+        declared = []
         for item in items:
-            key, block, dtype, shape = item[KEY], item[BLOCK], item[DTYPE], tuple(item[SHAPE])
+            key, block, shape = item[KEY], item[BLOCK], tuple(item[SHAPE])
+            dtype = np.dtype(item[DTYPE])       # a numeric dtype (protocol.check_item)
             slot = self.slots.get((key, block))
-            if slot is not None and (slot.shape != shape or slot.dtype != np.dtype(dtype)):
+            # a worker without the values (not worker 0) may come first: what it declared
+            # binds the others as a value would
+            known = ((slot.shape, slot.dtype, None) if slot is not None
+                     else self.init_declared.get((key, block)))
+            if known is not None and (known[0] != shape or known[1] != dtype):
+                by = "" if known[2] is None or known[2] == worker else f" by worker {known[2]}"
                 raise RequestError(
-                    f"key {key!r} is already initialised with shape {slot.shape} "
-                    f"{slot.dtype.name}; cannot initialise it again with shape {shape} "
-                    f"{np.dtype(dtype).name}")
+                    f"key {key!r} is already initialised{by} with shape {known[0]} "
+                    f"{known[1].name}; cannot initialise it again with shape {shape} "
+                    f"{dtype.name}")
+            declared.append(((key, block), (shape, dtype, worker)))
+        for block, what in declared:
+            self.init_declared.setdefault(block, what)
         if has_value:
             for item, buf in zip(items, buffers):
                 key, block, dtype = item[KEY], item[BLOCK], item[DTYPE]

@@ -34,13 +34,6 @@ def is_asynchronous(kvstore) -> bool:
     return bool(getattr(kvstore, "asynchronous", False))
 
 
-def updates_on_workers(kvstore) -> bool:
-    """Whether ``kvstore`` is one of the Horovod stores, which run the optimizer inside the
-    store on every worker and cannot hand summed gradients back instead."""
-    name = _store_name(kvstore).lower()
-    return name in registry.names(registry.HOROVOD)
-
-
 def install() -> None:
     """Wrap ``gluon.Trainer._init_kvstore`` (once; subclasses inherit it)."""
     native = gluon.Trainer._init_kvstore
@@ -52,12 +45,13 @@ def install() -> None:
         config = self._kvstore_params
         _refuse_delay_optimizer(self._optimizer, config["kvstore"])
         _refuse_sparse_params(self._params, config["kvstore"])
-        decentralised = updates_on_workers(config["kvstore"])
+        # the Horovod stores run the optimizer inside the store, on every worker
+        name = _store_name(config["kvstore"])
+        decentralised = registry.is_horovod(name)
         if not is_asynchronous(config["kvstore"]) and not decentralised:
             return native(self)
         if config["update_on_kvstore"] is False:
             if decentralised:
-                name = _store_name(config["kvstore"])
                 raise ValueError(f"{name} runs the optimizer inside the store on every worker: "
                                  f"update_on_kvstore=False is not supported; leave it None or "
                                  f"set it to True")

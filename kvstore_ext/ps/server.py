@@ -261,7 +261,8 @@ class Server:
         self.last_values: tuple = (None, [])   # ((route, epoch, versions), weights copied)
         self.init_waiting: list[InitWait] = []
         self.init_seen: dict[tuple, set] = {}   # (key, block) -> workers that initialised it
-        #: (key, block) -> (shape, dtype, worker) of its first init, with or without a value
+        #: (key, block) -> (shape, dtype, worker) of its first init; worker None when that
+        #: init brought the values (worker 0's), else the worker whose declaration binds
         self.init_declared: dict[tuple, tuple] = {}
         self.optimizer = None   # the ServerOptimizer the workers set
         self.pooled = False   # dist_pool: a worker pool decides who computes (set at start)
@@ -634,18 +635,16 @@ class Server:
         for item in items:
             key, block, shape = item[KEY], item[BLOCK], tuple(item[SHAPE])
             dtype = np.dtype(item[DTYPE])       # a numeric dtype (protocol.check_item)
-            slot = self.slots.get((key, block))
-            # a worker without the values (not worker 0) may come first: what it declared
-            # binds the others as a value would
-            known = ((slot.shape, slot.dtype, None) if slot is not None
-                     else self.init_declared.get((key, block)))
+            # every block is declared here before its slot is made; a worker without the values
+            # (not worker 0) may come first, and what it declared binds the others as a value
+            known = self.init_declared.get((key, block))
             if known is not None and (known[0] != shape or known[1] != dtype):
                 by = "" if known[2] is None or known[2] == worker else f" by worker {known[2]}"
                 raise RequestError(
                     f"key {key!r} is already initialised{by} with shape {known[0]} "
                     f"{known[1].name}; cannot initialise it again with shape {shape} "
                     f"{dtype.name}")
-            declared.append(((key, block), (shape, dtype, worker)))
+            declared.append(((key, block), (shape, dtype, None if has_value else worker)))
         for block, what in declared:
             self.init_declared.setdefault(block, what)
         if has_value:

@@ -707,11 +707,32 @@ def agreement_pairs(exp) -> list[tuple[str, str]]:
     return pairs
 
 
+def _rank_test(groups, of, missing=None):
+    """Two-sided Mann-Whitney U p-value of real runs against virtual ones: whether the two
+    sides' values (one per run) differ by more than the runs of one side differ among
+    themselves.  ``missing`` stands in for a run without a value (a target never reached: it
+    ranks last).  None with fewer than two runs a side.  With three a side the smallest p is
+    0.1, so no difference can be told from the seeds' spread: ``--trials 8`` can."""
+    from scipy.stats import mannwhitneyu
+    sides = [[v if v is not None else missing for v in map(of, g)] for g in groups]
+    sides = [[v for v in side if v is not None] for side in sides]
+    if min(len(side) for side in sides) < 2:
+        return None
+    if len(set(sides[0]) | set(sides[1])) == 1:
+        return 1.0      # every run alike: nothing apart
+    return float(mannwhitneyu(*sides, alternative="two-sided").pvalue)
+
+
+#: below this p a difference outside a bound is more than the seeds' own spread
+APART_P = 0.05
+
+
 def agreement_rows(runs: list[dict], exp) -> list[dict]:
     """Per paradigm, each virtual cluster against its real one (:func:`agreement_pairs`):
     medians of the mean iterations per worker, of the mean staleness, of the final accuracy and
     of the time to the first target, their differences and whether each is within
-    :data:`AGREEMENT`."""
+    :data:`AGREEMENT`; for accuracy and time, which vary most from seed to seed, also whether
+    the runs of the two sides differ beyond that variation (:func:`_rank_test`)."""
     target = exp.targets[0] if exp.targets else None
     rows = []
     for real, virtual in agreement_pairs(exp):
@@ -749,6 +770,12 @@ def agreement_rows(runs: list[dict], exp) -> list[dict]:
                          and abs(row["time_diff"]) <= AGREEMENT["time"]) or not any(reached)}
             row["within"] = ", ".join(k for k, ok in row["agrees"].items() if ok) or "-"
             row["outside"] = ", ".join(k for k, ok in row["agrees"].items() if not ok) or "-"
+            row["accuracy_p"] = _rank_test(groups, measures["accuracy"])
+            row["time_p"] = _rank_test(groups, measures["time"], missing=float("inf")) \
+                if target else None
+            row["apart"] = ", ".join(
+                k for k in ("accuracy", "time") if not row["agrees"][k]
+                and row[f"{k}_p"] is not None and row[f"{k}_p"] < APART_P) or "-"
             rows.append(row)
     return rows
 
@@ -767,4 +794,6 @@ def agreement_columns(target) -> list[tuple[str, str, str]]:
             (f"time to {target} real (s)", "time_real", "{:.1f}"),
             ("virtual", "time_virtual", "{:.1f}"), ("diff (≤15%)", "time_diff", pct),
             ("seed by seed (median)", "time_paired_diff", pct),
-            ("outside the bounds", "outside", "{}")]
+            ("outside the bounds", "outside", "{}"),
+            ("accuracy p", "accuracy_p", "{:.2f}"), ("time p", "time_p", "{:.2f}"),
+            (f"outside, and apart beyond the seeds' spread (p < {APART_P})", "apart", "{}")]

@@ -15,6 +15,12 @@ from typing import Iterable
 from .clocks import ClockTable
 
 
+#: longest a server holds an asynchronous store's reply with weights (seconds) for the pushes
+#: already queued behind the request: those are in the weights the worker reads.  The server's
+#: event loop and the simulator both hold replies this long at most
+MAX_REPLY_HOLD_S = 0.02
+
+
 class PolicyError(ValueError):
     """A push the model cannot accept (for example twice in one BSP round)."""
 

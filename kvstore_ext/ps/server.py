@@ -26,6 +26,7 @@ from .. import jobenv, registry
 from .faults import FaultPlan
 from .heap import keep_freed_buffers
 from ..metrics import ServerMetrics, write_json
+from ..policies.base import MAX_REPLY_HOLD_S
 from zmq.utils.monitor import recv_monitor_message
 
 from .protocol import BLOCK, DTYPE, INIT_SIZE, KEY, SHAPE, SIZE, Op, check_request
@@ -36,8 +37,6 @@ log = logging.getLogger("kvstore_ext.server")
 
 mx = None  # imported in main(), after the engine is chosen
 SYNCHRONOUS_ENGINE = False
-#: longest a reply with weights waits for the messages queued behind its request (seconds)
-MAX_REPLY_HOLD_S = 0.02
 
 
 #: a group's run of adjacent blocks smaller than this on average (bytes) is summed from one

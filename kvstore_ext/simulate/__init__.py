@@ -27,6 +27,7 @@ import random
 from dataclasses import dataclass, field
 
 from ..devices import PATTERN_HELP, DeviceClock, count_devices
+from ..policies.base import MAX_REPLY_HOLD_S
 from ..policies.psp import PartialPull
 from ..stragglers import stretched_time
 from .. import registry
@@ -85,7 +86,7 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
              jitter: float = 0.0, seed: int = 0, latency: float = 0.0, clocks=None,
              release_latency: float = 0.0, servers: int = 1, reply_delays=None,
              blocks=None, service: float = 0.0, apply_time: float = 0.0,
-             trainer=None) -> SimResult:
+             trainer=None, reply_hold: float = MAX_REPLY_HOLD_S) -> SimResult:
     """Run virtual workers with the given speeds (or device ``clocks``) until ``horizon``.
 
     Iteration times as :func:`iteration_times` gives them; ``latency`` is added between
@@ -97,7 +98,11 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
     fraction of blocks a worker waits for, then matters); the per-key policies are simulated as
     one server.  That server serves pushes one at a time, in the order they come, for
     ``service`` each, plus ``apply_time`` when the policy applies (the planner's server CPU): a
-    worker's OK comes when its push has been served.
+    worker's OK comes when its push has been served, and on an asynchronous store the reply
+    with its weights waits, as a server's does, for the pushes already queued behind it (at
+    most ``reply_hold``, the server's :data:`~kvstore_ext.policies.base.MAX_REPLY_HOLD_S`; 0:
+    replies go at once, as the planner's closed form assumes): workers whose pushes come
+    together read each other's updates.
 
     ``trainer`` (a :class:`~kvstore_ext.virtual_training.VirtualTraining`) rides on the same
     events and trains a real model: ``start(worker, held, at=)`` when a worker reads the weights,
@@ -141,6 +146,20 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
         at += latency + release_latency * together
         heapq.heappush(events, (at + step_time(worker, at), seq, worker))
 
+    # replies held for the pushes queued behind them (an asynchronous store's server):
+    # (worker, lead) let go, and when the first of them was
+    queued_server = (service or apply_time) and row.asynchronous and reply_hold > 0
+    held: list[tuple[int, int]] = []
+    held_since = 0.0
+
+    def let_go(released, now: float) -> None:
+        nonlocal max_lead
+        for worker, lead in released:
+            max_lead = max(max_lead, lead)
+            leads.append(lead)
+            wait[worker] += now - pushed_at.get(worker, 0.0)   # a pool's late starter
+            start(worker, now, len(released))
+
     waiting_first = getattr(policy, "parked", set())   # outside a worker pool at the start
     for w in range(n):
         if w not in waiting_first:
@@ -167,11 +186,16 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
             applied += 1
         if trainer is not None and decision.apply:
             trainer.apply(0, worker if row.asynchronous else None)
-        for released, lead in decision.released:
-            max_lead = max(max_lead, lead)
-            leads.append(lead)
-            wait[released] += now - pushed_at.get(released, 0.0)   # a pool's late starter
-            start(released, now, len(decision.released))
+        if not queued_server:
+            let_go(decision.released, now)
+            continue
+        if decision.released and not held:
+            held_since = now
+        held.extend(decision.released)
+        queued = events and events[0][0] <= min(now, horizon)
+        if held and not (queued and now - held_since < reply_hold):
+            let_go(held, now)
+            held = []
     return SimResult(iterations, wait, max_lead, decisions, horizon, leads, staleness=staleness)
 
 

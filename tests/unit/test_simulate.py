@@ -124,3 +124,32 @@ def test_simulate_cli_with_a_slow_server(capsys):
     out = capsys.readouterr().out
     rows = [line.split()[0] for line in out.splitlines()[1:]]
     assert rows == ["PSP", "PSP"], out      # the per-key policies are one server only
+
+
+# -- a server's replies wait for the pushes queued behind them ---------------------------------
+def test_asynchronous_replies_wait_for_the_pushes_already_queued():
+    """Two 1 s workers push together to a server that takes 1 ms per push. As a server's event
+    loop does, worker 0's reply waits until worker 1's push, already queued, is served: both
+    read both updates and start at 1.002, and the next pushes are 0 and 1 stale (not 1 and 1,
+    as replying at once made them)."""
+    from kvstore_ext.devices import DeviceClock
+    clocks = DeviceClock.for_cluster("1000ms", [], 2)
+    run = simulate("dist_asp", {}, None, 2.5, clocks=clocks, service=0.001)
+    assert run.staleness == {0: 2, 1: 2}
+    # both are let go at 1.002 and at 2.004: 2 ms after each push came
+    assert run.wait_time == pytest.approx({0: 0.004, 1: 0.004})
+    # without a server's costs (no queue modelled) each reply goes at once, as it used to
+    assert simulate("dist_asp", {}, None, 2.5, clocks=clocks).staleness == {0: 1, 1: 3}
+
+
+def test_a_reply_is_held_at_most_the_servers_hold():
+    """Four workers push together to a server that takes 15 ms per push: after three pushes
+    the first reply has waited 30 ms (> MAX_REPLY_HOLD_S), so three replies go and the fourth
+    goes once its own push is served."""
+    from kvstore_ext.devices import DeviceClock
+    from kvstore_ext.policies.base import MAX_REPLY_HOLD_S
+    assert 0.015 < MAX_REPLY_HOLD_S < 0.03
+    clocks = DeviceClock.for_cluster("1000ms", [], 4)
+    run = simulate("dist_asp", {}, None, 1.5, clocks=clocks, service=0.015)
+    # waits: served at 1.015, 1.030, 1.045 and all three let go at 1.045; the 4th at 1.060
+    assert [round(run.wait_time[w], 3) for w in range(4)] == [0.045, 0.045, 0.045, 0.060]

@@ -270,6 +270,39 @@ def test_agreement_rows_also_pair_the_times_seed_by_seed():
     assert agreement_rows(runs, exp)[0]["time_paired_diff"] is None
 
 
+def test_agreement_rows_tell_a_difference_from_the_seeds_spread():
+    """Outside a bound is one thing; apart beyond what seeds do to one side is another. Three
+    runs a side can never show it (the smallest two-sided p is 0.1); eight can, and a run
+    that never reaches the target ranks after every one that does."""
+    from kvstore_ext.experiments import load_experiment
+    from kvstore_ext.virtual_training import agreement_rows
+    exp = load_experiment(os.path.join(ROOT, "configs", "virtual", "agreement_n4.yaml"))
+
+    def run(cluster, trial, accuracy, reach_at):
+        curve = [{"time_s": 40.0, "test_accuracy": accuracy}] if reach_at is None else \
+            [{"time_s": reach_at, "test_accuracy": 0.91}, {"time_s": 40.0, "test_accuracy": accuracy}]
+        return {"cluster": cluster, "paradigm": "DSSP 3..15", "trial": trial,
+                "iterations": [100], "staleness_mean": 2.5, "final_accuracy": accuracy,
+                "curve": curve}
+
+    def rows(k, virtual_accuracy, virtual_time):
+        runs = [run("real", t, 0.95 + 0.001 * t, 20.0 + t) for t in range(k)]
+        runs += [run("virtual", t, virtual_accuracy + 0.001 * t, virtual_time(t)) for t in range(k)]
+        return agreement_rows(runs, exp)[0]
+
+    three = rows(3, 0.92, lambda t: 30.0 + t)      # 3 points lower, half again as late
+    assert three["outside"] == "accuracy, time"
+    assert three["accuracy_p"] == pytest.approx(0.1) and three["time_p"] == pytest.approx(0.1)
+    assert three["apart"] == "-"
+    eight = rows(8, 0.92, lambda t: None if t % 2 else 30.0 + t)   # half never reach 0.9
+    assert eight["accuracy_p"] < 0.001 and eight["time_p"] < 0.001
+    assert eight["apart"] == "accuracy, time"
+    # the same spread of seeds on both sides, interleaved: within the bound, not apart
+    close = rows(8, 0.9505, lambda t: 20.5 + t)
+    assert close["outside"] == "-" and close["apart"] == "-"
+    assert close["accuracy_p"] > 0.05
+
+
 def test_a_cluster_with_a_calibration_takes_the_planners_message_costs(tmp_path):
     """``calibration:`` in a virtual cluster: the simulator gets the planner's latency,
     service and apply times for this model, store and size (the same mapping predict's

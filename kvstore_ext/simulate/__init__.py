@@ -146,9 +146,9 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
         at += latency + release_latency * together
         heapq.heappush(events, (at + step_time(worker, at), seq, worker))
 
-    # replies held for the pushes queued behind them (an asynchronous store's server):
-    # (worker, lead) let go, and when the first of them was
-    queued_server = (service or apply_time) and row.asynchronous and reply_hold > 0
+    # replies held for the pushes queued behind them (an asynchronous store's server, when
+    # its queue is modelled; 0: each goes at once): (worker, lead) let go, and since when
+    hold = reply_hold if (service or apply_time) and row.asynchronous else 0.0
     held: list[tuple[int, int]] = []
     held_since = 0.0
 
@@ -186,14 +186,11 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
             applied += 1
         if trainer is not None and decision.apply:
             trainer.apply(0, worker if row.asynchronous else None)
-        if not queued_server:
-            let_go(decision.released, now)
-            continue
         if decision.released and not held:
             held_since = now
         held.extend(decision.released)
         queued = events and events[0][0] <= min(now, horizon)
-        if held and not (queued and now - held_since < reply_hold):
+        if held and not (queued and now - held_since < hold):
             let_go(held, now)
             held = []
     return SimResult(iterations, wait, max_lead, decisions, horizon, leads, staleness=staleness)

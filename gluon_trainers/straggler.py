@@ -261,6 +261,30 @@ def round_overhead(logs: list[list[dict]]) -> float | None:
     return statistics.median(gaps) if gaps else None
 
 
+def iteration_overhead(logs: list[list[dict]]) -> float | None:
+    """What an iteration costs beyond its device time on an asynchronous store, where no
+    policy holds a worker back: its push, the update and its pull, median over every worker's
+    iterations (each worker's first, MXNet's warm-up, left out)."""
+    gaps = [b["start_s"] - a["start_s"] - max(a["device_s"], a["host_s"] + a["slept_s"])
+            for log in logs for a, b in zip(log[1:], log[2:])]
+    return statistics.median(gaps) if gaps else None
+
+
+def overhead_model(round_cost: float, lone_cost: float | None,
+                   workers: int) -> tuple[float, float]:
+    """The simulator's ``(latency, release_latency)``: k workers let go together start
+    ``a + k*b`` after their OK, fitted to a synchronous round (``a + workers*b``, the
+    :func:`round_overhead`) and, when measured, a worker let go alone (``a + b``, the
+    :func:`iteration_overhead`).  Without the latter, all of the round is shared out per
+    worker (a = 0): a worker let go alone then costs 1/workers of a round, too little on a
+    busy host, where one push and pull is most of a round."""
+    if lone_cost is None or workers < 2:
+        return 0.0, round_cost / workers
+    lone = min(max(lone_cost, round_cost / workers), round_cost)
+    per_worker = (round_cost - lone) / (workers - 1)
+    return lone - per_worker, per_worker
+
+
 def warm_up(logs: list[list[dict]]) -> float:
     """How much longer than its device time the first iteration took (median over workers):
     MXNet's first forward and backward."""

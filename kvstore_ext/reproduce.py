@@ -43,7 +43,8 @@ from kvstore_ext.reports import plot_accuracy, write_results
 from kvstore_ext.virtual_training import (agreement_columns, agreement_rows, cluster_kinds,
                                           iterations_text, plot_staleness, plot_time_to_target,
                                           run_virtual_runs)
-from gluon_trainers.straggler import read_device_logs, round_overhead, warm_up
+from gluon_trainers.straggler import (iteration_overhead, overhead_model, read_device_logs,
+                                      round_overhead, warm_up)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -101,7 +102,8 @@ SIMULATED_AS = {"dist_sync": "dist_bsp", "dist_async": "dist_asp"}
 def predict(runs, rows, exp) -> None:
     """For clusters of emulated devices: the simulator's iterations per worker for each
     paradigm's median trial, beside the measured ones.  The simulator gets the workers' own
-    device clocks and, per worker let go together, the cluster's BSP round overhead; its
+    device clocks and what k workers let go together cost, ``a + k*b`` (``overhead_model``:
+    fitted to the cluster's BSP round overhead and, where it has an ASP run, one worker's); its
     time is the run's training time less the first iteration's warm-up.  A slow server
     (``slow_server``) is simulated for ``dist_psp`` with the job's servers and the blocks each
     held (the servers' metrics); its delay is taken out of the measured round overhead, which
@@ -123,6 +125,8 @@ def predict(runs, rows, exp) -> None:
         if not simulated or not overheads:
             continue
         latency = statistics.median(overheads)
+        lones = [r["iteration_overhead_s"] for r in runs if r["cluster"] == cluster and
+                 r.get("iteration_overhead_s") is not None]
         servers = {}
         if "slow_server" in options:
             blocks = run.get("server_blocks")
@@ -132,11 +136,14 @@ def predict(runs, rows, exp) -> None:
             delays = [0.0] * exp.servers
             delays[slow] = seconds
             latency = max(0.0, latency - seconds)
+            lones = [max(0.0, x - seconds) for x in lones]
             servers = {"servers": exp.servers, "reply_delays": delays, "blocks": blocks}
+        fixed, per_worker = overhead_model(
+            latency, statistics.median(lones) if lones else None, exp.workers)
         horizon = run["train_time_s"] - (run.get("warm_up_s") or 0.0) + latency
         result = simulate(store, run["params"] if store == run["kvstore"] else {}, None,
-                          horizon, clocks=exp.device_clocks(cluster),
-                          release_latency=latency / exp.workers, **servers)
+                          horizon, clocks=exp.device_clocks(cluster), latency=fixed,
+                          release_latency=per_worker, **servers)
         row["simulated_iterations"] = [result.iterations[w] for w in sorted(result.iterations)]
         row["simulated_max_lead"] = result.max_lead_at_ok
         if servers:
@@ -198,6 +205,9 @@ def collect(workdir, exp, trial, cluster, paradigm, seconds) -> dict:
             "max_lead": dssp.get("max_lead_at_ok") if dssp else None,
             "host_share": [d.get("host_share") for d in devices],
             "round_overhead_s": round_overhead(logs) if logs and synchronous else None,
+            # no policy holds an ASP worker back: what one push and pull cost alone
+            "iteration_overhead_s": iteration_overhead(logs)
+            if logs and paradigm.kvstore in ("dist_asp", "dist_async") else None,
             "warm_up_s": warm_up(logs) if logs else None}
 
 

@@ -8,7 +8,8 @@ import sys
 import pytest
 from conftest import ROOT, read_json
 
-from gluon_trainers.straggler import read_device_logs, round_overhead, warm_up
+from gluon_trainers.straggler import (iteration_overhead, overhead_model, read_device_logs,
+                                      round_overhead, warm_up)
 from kvstore_ext import devices
 from kvstore_ext.devices import DeviceClock
 from kvstore_ext.simulate import simulate
@@ -19,11 +20,11 @@ DEVICE, PATTERN, SEED = "200ms", "transient:0.1:3:1", 3
 SECONDS = 18
 
 
-def run(run_job, tmp_path, name, kvstore, *options):
+def run(run_job, tmp_path, name, kvstore, *options, seconds=SECONDS):
     out = tmp_path / name
     code, log = run_job(WORKERS, SERVERS,
                         [TRAIN, "--kvstore", kvstore, "--model", "lenet", "--batch-size", "32",
-                         "--lr", "0.01", "--epochs", "100", "--max-time", str(SECONDS),
+                         "--lr", "0.01", "--epochs", "100", "--max-time", str(seconds),
                          "--out", str(out / "worker-{rank}.json")],
                         "--device", DEVICE, "--speed-seed", str(SEED),
                         "--metrics-dir", str(out / "metrics"), *options, timeout=180)
@@ -39,15 +40,22 @@ def run(run_job, tmp_path, name, kvstore, *options):
 def test_eight_emulated_workers_do_what_the_simulator_predicts(run_job, tmp_path):
     """Calibrate on a clean cluster, predict the one with transient stragglers.
 
-    The clean BSP run gives what a round costs beyond the slowest device time (pushes, the
-    update, the replies, 8 pulls on 2 cores: 40-65 ms here), shared out per worker released
-    together (8 in a BSP round, fewer when SSP lets a few go); the simulator is given that
-    and the very device clocks the workers ran (same seeds, same draws), and must predict
-    the iterations BSP and SSP s=1 get through with stragglers within 5%.
+    A clean BSP run gives what a round costs beyond the slowest device time (pushes, the
+    update, the replies, 8 pulls on 2 cores: 40-83 ms here), a clean ASP run what one
+    worker's iteration costs when no policy holds it back (its own push and pull: 24-31 ms);
+    the simulator is given a + k*b for k workers released together, fitted to both (8 in a
+    BSP round, often 1 when SSP lets one go), and the very device clocks the workers ran
+    (same seeds, same draws), and must predict the iterations BSP and SSP s=1 get through
+    with stragglers within 5%.  Sharing the round out per worker (a = 0) gave a lone SSP
+    release a third of its cost and missed SSP by 6% whenever the host was slow.
     """
     clean, clean_rows = run(run_job, tmp_path, "clean", "dist_bsp")
     latency = round_overhead(clean_rows)
     assert 0 <= latency < 0.15, latency
+    _, lone_rows = run(run_job, tmp_path, "clean-asp", "dist_asp", seconds=10)
+    lone = iteration_overhead(lone_rows)
+    assert 0 <= lone <= latency, (lone, latency)
+    fixed, per_worker = overhead_model(latency, lone, WORKERS)
     slowed = ["--straggler-pattern", PATTERN]
     measured = {}
     for label, kvstore, params, options in (
@@ -64,10 +72,11 @@ def test_eight_emulated_workers_do_what_the_simulator_predicts(run_job, tmp_path
         horizon = statistics.median(w["wall_time_s"] for w in workers) - warm_up(rows) + latency
         clocks = DeviceClock.for_cluster(DEVICE, [PATTERN], WORKERS, seed=SEED)
         expected = simulate(kvstore, params, None, horizon, clocks=clocks,
-                            release_latency=latency / WORKERS).total_iterations / WORKERS
+                            latency=fixed, release_latency=per_worker).total_iterations / WORKERS
         measured[label] = statistics.fmean(w["steps"] for w in workers)
         print(f"{label}: measured {measured[label]:.2f} iterations per worker, simulated "
-              f"{expected:.2f} (latency {latency * 1e3:.0f} ms, horizon {horizon:.2f} s)")
+              f"{expected:.2f} (a round {latency * 1e3:.0f} ms, one worker {lone * 1e3:.0f} ms, "
+              f"horizon {horizon:.2f} s)")
         assert abs(measured[label] - expected) <= 0.05 * expected, (label, measured, expected)
     clean_iterations = statistics.fmean(w["steps"] for w in clean)
     # the stragglers cost BSP most of its rounds, and bounded staleness wins some back

@@ -91,3 +91,50 @@ def test_stretch_rule_is_shared_with_the_simulator():
     result = simulate("dist_asp", {}, [1.0, 1.0], 200.0, jitter=0.9, seed=1)
     assert all(n <= 200 for n in result.iterations.values())
     assert sum(result.iterations.values()) > 200     # but the jitter does not stop them
+
+
+def rows(starts, device=0.2, host=0.05):
+    return [{"start_s": t, "device_s": device, "host_s": host, "slept_s": max(0.0, device - host)}
+            for t in starts]
+
+
+def test_iteration_overhead_is_the_gap_beyond_the_device_time_first_iteration_left_out():
+    from gluon_trainers.straggler import iteration_overhead
+    # worker 0: a 1 s warm-up, then 30 ms beyond each 200 ms; worker 1: 20 ms
+    logs = [rows([0.0, 1.2, 1.43, 1.66, 1.89]), rows([0.0, 1.2, 1.42, 1.64, 1.86])]
+    assert iteration_overhead(logs) == pytest.approx(0.025)
+    # a host slower than the device: the gap counts from the end of the host's work
+    slow = [rows([0.0, 1.0, 1.35, 1.70], host=0.3)]
+    assert iteration_overhead(slow) == pytest.approx(0.05)
+    assert iteration_overhead([rows([0.0, 1.0])]) is None
+
+
+def test_overhead_model_gives_back_both_measurements_in_the_simulator():
+    """k workers let go together cost a + k*b: a BSP round of 8 costs the round overhead, an
+    ASP worker let go alone its own, and the simulator's periods are exactly those."""
+    from gluon_trainers.straggler import overhead_model
+    from kvstore_ext.simulate import simulate
+    n, device, round_cost, lone_cost = 8, 0.2, 0.064, 0.024
+    a, b = overhead_model(round_cost, lone_cost, n)
+    assert (a + b, a + n * b) == pytest.approx((lone_cost, round_cost))
+    horizon = 100 * (device + round_cost) - 1e-9
+    bsp = simulate("dist_bsp", {}, [1.0] * n, horizon, base_time=device, latency=a,
+                   release_latency=b)
+    assert all(i == 100 for i in bsp.iterations.values())
+    # ASP workers started apart, so that none is let go with another
+    class Apart:
+        def __init__(self, w):
+            self.first = 0.001 * w
+
+        def next_time(self, at):
+            first, self.first = self.first, 0.0
+            return device + first
+    clocks = [Apart(w) for w in range(n)]
+    asp = simulate("dist_asp", {}, None, 100 * (device + lone_cost) + 0.005, clocks=clocks,
+                   latency=a, release_latency=b)
+    assert all(i == 100 for i in asp.iterations.values()), asp.iterations
+    # without a lone measurement all of the round is shared out per worker, as before
+    assert overhead_model(round_cost, None, n) == (0.0, round_cost / n)
+    # a lone cost outside [round/n, round] is clipped: b and a never go negative
+    assert overhead_model(round_cost, 0.5, n) == pytest.approx((round_cost, 0.0))
+    assert overhead_model(round_cost, 0.001, n) == pytest.approx((0.0, round_cost / n))

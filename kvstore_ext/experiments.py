@@ -37,7 +37,7 @@ TOP_KEYS = {"name", "description", "paper", "script", "args", "workers", "server
 #: calibration`` (iteration times from that calibration's compute of the model instead of
 #: ``device``; ``speeds`` scale them per worker, ``workers_per_host`` workers share a host)
 VIRTUAL_KEYS = {"virtual", "workers", "latency", "service", "eval_every", "lr", "patience",
-                "min_delta",
+                "min_delta", "latency_jitter",
                 "calibration", "eval_every_iterations", "compute", "workers_per_host"}
 #: where a virtual cluster's iteration times can come from besides emulated devices
 COMPUTE_SOURCES = ("calibration",)
@@ -309,6 +309,10 @@ def _cluster_options(entry: dict, at: str, servers: int, workers: int) -> dict:
         value = out.get(key, 0.0)
         _need(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
               and math.isfinite(value), at, f"{key} must be {what} >= 0, got {value!r}")
+    jitter = out.get("latency_jitter", 0.0)
+    _need(isinstance(jitter, (int, float)) and not isinstance(jitter, bool)
+          and 0 <= jitter <= 1, at,
+          f"latency_jitter must be a fraction of the latency in [0, 1], got {jitter!r}")
     if "calibration" in out:
         _need(isinstance(out["calibration"], str) and out["calibration"], at,
               f"calibration must be the path of a 'plan calibrate' JSON, got {out['calibration']!r}")

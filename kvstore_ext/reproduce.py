@@ -223,8 +223,8 @@ def plot_thresholds(runs, rows, cluster, path, title) -> bool:
     fig, axes = plt.subplots(len(chosen), 1, figsize=(7, 3.2 * len(chosen)), squeeze=False)
     for ax, run in zip(axes[:, 0], chosen):
         log = run["dssp"]
-        start = run["train_start_wall"] or (log["bound_changes"][0]["time"]
-                                            if log["bound_changes"] else 0.0)
+        start = 0.0 if run.get("virtual") else run["train_start_wall"] or (
+            log["bound_changes"][0]["time"] if log["bound_changes"] else 0.0)
         end = start + run["train_time_s"]
         for worker in range(len(run["speeds"])):
             changes = [c for c in log["bound_changes"] if c["worker"] == worker]

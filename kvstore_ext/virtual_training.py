@@ -339,6 +339,12 @@ def _arg(args: dict, name: str, default):
     return default if value is None else value
 
 
+#: the policy's log of decisions (DSSP's controller calls and bounds, as a real server's
+#: metrics give them) is kept up to this many workers: it grows with the run, and beyond the
+#: sizes real jobs run here there is nothing to compare it with
+RECORD_UP_TO = 64
+
+
 def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
                 progress=None) -> dict:
     """One run of ``paradigm`` on ``exp``'s virtual ``cluster``, seeded by ``trial``: the
@@ -408,7 +414,8 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
     blocks = vt.blocks_per_server() if servers > 1 else None
     result = simulate(paradigm.kvstore, paradigm.params, None, horizon,
                       clocks=worker_clocks(exp, cluster, model, batch), servers=servers,
-                      blocks=blocks, trainer=vt, seed=trial,
+                      blocks=blocks, trainer=vt, seed=trial, record=n <= RECORD_UP_TO,
+                      latency_jitter=float(opts.get("latency_jitter", 0.0)),
                       **message_costs(opts, model, paradigm.kvstore, n, servers, batch))
     end = min(vt.now, horizon) if per_worker else horizon
     if vt.stopped_early:
@@ -430,7 +437,8 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
             "iterations": [vt.log.iterations[w] for w in range(n)],
             "staleness": {str(k): v for k, v in staleness.items()},
             "staleness_mean": histogram_mean(staleness),
-            "max_lead": result.max_lead_at_ok, "curve": curve, "dssp": None,
+            "max_lead": result.max_lead_at_ok, "curve": curve,
+            "dssp": result.report.get("dssp"),     # DSSP's controller, as a server reports it
             "stopped_early": vt.stopped_early,
             "train_start_wall": None, "wait_share": None}
 

@@ -47,6 +47,9 @@ class SimResult:
     #: staleness -> applied pushes: the updates the server applied between the pusher's read
     #: of the weights and the push's own application (per block under dist_psp)
     staleness: dict[int, int] = field(default_factory=dict)
+    #: with ``record``: the policy's report, as a real server's metrics give it (DSSP: its
+    #: controller's decisions and the bound changes)
+    report: dict = field(default_factory=dict)
 
     @property
     def total_iterations(self) -> int:
@@ -82,17 +85,40 @@ def iteration_times(speeds, base_time: float = 1.0, jitter: float = 0.0, seed: i
     return stretched
 
 
+def overhead_times(latency: float, release_latency: float, latency_jitter: float = 0.0,
+                   seed: int = 0):
+    """``cost(together)``: the time from a worker's OK to its next iteration's start when
+    ``together`` workers are let go at once, ``latency + release_latency * together``, times
+    a factor drawn uniformly from ``[1 - latency_jitter, 1 + latency_jitter]`` (a real host's
+    push and pull vary: 0.6-1.6 times their median at the 10th and 90th percentiles with 8
+    workers on 2 cores), from a generator of its own, so a jitter of 0 draws nothing and
+    leaves every other draw as it was."""
+    if not 0.0 <= latency_jitter <= 1.0:
+        raise ValueError(f"latency_jitter {latency_jitter} must be in [0, 1]: a fraction of "
+                         f"the latency")
+    if not latency_jitter:
+        return lambda together: latency + release_latency * together
+    rng = random.Random(f"overhead:{seed}")
+
+    def cost(together: int) -> float:
+        return (latency + release_latency * together) * (
+            1.0 + rng.uniform(-latency_jitter, latency_jitter))
+    return cost
+
+
 def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: float = 1.0,
              jitter: float = 0.0, seed: int = 0, latency: float = 0.0, clocks=None,
              release_latency: float = 0.0, servers: int = 1, reply_delays=None,
              blocks=None, service: float = 0.0, apply_time: float = 0.0,
-             trainer=None, reply_hold: float = MAX_REPLY_HOLD_S) -> SimResult:
+             trainer=None, reply_hold: float = MAX_REPLY_HOLD_S, latency_jitter: float = 0.0,
+             record: bool = False) -> SimResult:
     """Run virtual workers with the given speeds (or device ``clocks``) until ``horizon``.
 
     Iteration times as :func:`iteration_times` gives them; ``latency`` is added between
     an OK and the next iteration's start (the pull and the push), plus ``release_latency``
     for each worker released at that same moment: k workers let go together (a BSP round)
-    pull and start at once, and share the network and the hosts.  ``servers``,
+    pull and start at once, and share the network and the hosts; ``latency_jitter`` varies
+    that time per start (:func:`overhead_times`).  ``servers``,
     ``reply_delays`` (one per server: how late its replies are) and ``blocks`` (how many blocks
     each server holds) are modelled for stores whose rounds are per block (``dist_psp``: b, the
     fraction of blocks a worker waits for, then matters); the per-key policies are simulated as
@@ -103,6 +129,9 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
     most ``reply_hold``, the server's :data:`~kvstore_ext.policies.base.MAX_REPLY_HOLD_S`; 0:
     replies go at once, as the planner's closed form assumes): workers whose pushes come
     together read each other's updates.
+
+    ``record`` keeps the policy's log of decisions (``SimResult.report``), as a server's
+    metrics keep it.
 
     ``trainer`` (a :class:`~kvstore_ext.virtual_training.VirtualTraining`) rides on the same
     events and trains a real model: ``start(worker, held, at=)`` when a worker reads the weights,
@@ -116,15 +145,16 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
     if row.policy is None and row.block_policy is not None:
         return simulate_blocks(row, row.check(params), speeds, horizon, base_time, jitter,
                                seed, latency, clocks, release_latency, servers, reply_delays,
-                               blocks, trainer)
+                               blocks, trainer, latency_jitter)
     if service < 0 or apply_time < 0:
         raise ValueError(f"service {service} and apply_time {apply_time} must be >= 0")
     if servers != 1 or any(reply_delays or ()) or blocks:
         raise ValueError(f"{store_type}: servers and reply delays are only simulated for "
                          f"stores with per-block rounds (dist_psp)")
     step_time = iteration_times(speeds, base_time, jitter, seed, clocks)
+    overhead = overhead_times(latency, release_latency, latency_jitter, seed)
     n = len(speeds)
-    policy = registry.make_policy(store_type, range(n), params)
+    policy = registry.make_policy(store_type, range(n), params, record)
     iterations = {w: 0 for w in range(n)}
     wait = {w: 0.0 for w in range(n)}
     pushed_at: dict[int, float] = {}
@@ -143,7 +173,7 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
         read_at[worker] = applied
         if trainer is not None:
             trainer.start(worker, at=at)
-        at += latency + release_latency * together
+        at += overhead(together)
         heapq.heappush(events, (at + step_time(worker, at), seq, worker))
 
     # replies held for the pushes queued behind them (an asynchronous store's server, when
@@ -193,13 +223,16 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
         if held and not (queued and now - held_since < hold):
             let_go(held, now)
             held = []
-    return SimResult(iterations, wait, max_lead, decisions, horizon, leads, staleness=staleness)
+    report = policy.report() if record and hasattr(policy, "report") else {}
+    return SimResult(iterations, wait, max_lead, decisions, horizon, leads, staleness=staleness,
+                     report=report)
 
 
 def simulate_blocks(row, params: dict, speeds, horizon: float, base_time: float = 1.0,
                     jitter: float = 0.0, seed: int = 0, latency: float = 0.0,
                     clocks=None, release_latency: float = 0.0, servers: int = 1,
-                    reply_delays=None, blocks=None, trainer=None) -> SimResult:
+                    reply_delays=None, blocks=None, trainer=None,
+                    latency_jitter: float = 0.0) -> SimResult:
     """The same, for a store whose rounds are versions of a block (``dist_psp``): every
     worker pushes to every server, which holds ``blocks[s]`` blocks (default 1) that move
     together (one policy per server: they get the same pushes).
@@ -216,6 +249,7 @@ def simulate_blocks(row, params: dict, speeds, horizon: float, base_time: float 
     version, and dropped if the block moved on.
     """
     step_time = iteration_times(speeds, base_time, jitter, seed, clocks)
+    overhead = overhead_times(latency, release_latency, latency_jitter, seed)
     n = len(speeds)
     delays = list(reply_delays or [0.0] * servers)
     if len(delays) != servers or any(d < 0 for d in delays):
@@ -243,7 +277,7 @@ def simulate_blocks(row, params: dict, speeds, horizon: float, base_time: float 
     def start(worker: int, at: float, together: int = 1) -> None:
         if trainer is not None:
             trainer.start(worker, held[worker], at=at)
-        at += latency + release_latency * together
+        at += overhead(together)
         schedule(at + step_time(worker, at), "push", worker)
 
     def send_parts(now: float) -> None:
@@ -366,6 +400,9 @@ def main(argv=None) -> int:
     parser.add_argument("--release-latency", type=float, default=0.0,
                         help="more time from OK to start for each worker let go at the same "
                              "moment (k workers of a round pull together: k times this)")
+    parser.add_argument("--latency-jitter", type=float, default=0.0,
+                        help="each start's latency varies uniformly by +- this fraction "
+                             "(0 to 1; a host's push and pull are not constant)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the jitter and patterns")
     parser.add_argument("--workers", type=int, default=0,
                         help="number of workers when one speed or device is given for all")
@@ -445,7 +482,7 @@ def main(argv=None) -> int:
             r = simulate(store_type, params, speeds, args.time, jitter=args.jitter,
                          seed=args.seed, latency=args.latency, clocks=clocks(),
                          release_latency=args.release_latency, servers=args.servers,
-                         reply_delays=delays, blocks=blocks)
+                         reply_delays=delays, blocks=blocks, latency_jitter=args.latency_jitter)
         except ValueError as exc:
             parser.error(f"{name}: {exc}")
         base = base or r.total_iterations

@@ -34,10 +34,11 @@ def test_every_virtual_config_loads_and_dry_runs(path):
 def test_sixteen_virtual_workers_train_lenet_in_under_a_minute(tmp_path):
     out = tmp_path / "out"
     proc = simulate("--train", SMALL, "--quick", "--out", str(out), "--paradigm", "BSP",
-                    "--paradigm", "SSP s=3", "--paradigm", "PSP c=0.75n", timeout=120)
+                    "--paradigm", "SSP s=3", "--paradigm", "PSP c=0.75n",
+                    "--paradigm", "DSSP 3..15", timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = json.loads((out / "runs.json").read_text())["runs"]
-    assert [r["paradigm"] for r in runs] == ["BSP", "SSP s=3", "PSP c=0.75n"]
+    assert [r["paradigm"] for r in runs] == ["BSP", "SSP s=3", "PSP c=0.75n", "DSSP 3..15"]
     for run in runs:
         assert run["virtual"] and run["workers"] == 16 and len(run["iterations"]) == 16
         # every push reached every server (PSP: 2 servers) and was applied or dropped
@@ -49,7 +50,12 @@ def test_sixteen_virtual_workers_train_lenet_in_under_a_minute(tmp_path):
         curve = run["curve"]
         assert curve[-1]["time_s"] == pytest.approx(2.0)   # the quick virtual horizon
         assert curve[-1]["test_accuracy"] > curve[0]["test_accuracy"] + 0.3, curve   # learns
-    bsp, ssp, psp = runs
+    bsp, ssp, psp, dssp = runs
+    # DSSP's controller, recorded as a real server's metrics record it, and its plot
+    log = dssp["dssp"]
+    assert log["staleness_lower"] == 3 and log["controller_calls"] == len(log["calls"]) > 0
+    assert all(0 <= c["extra"] <= 12 and c["time"] <= 2.0 for c in log["calls"])
+    assert all(r["dssp"] is None for r in (bsp, ssp, psp))
     assert set(bsp["staleness"]) == {"0"} and bsp["max_lead"] == 0
     assert max(map(int, ssp["staleness"])) > 0 and ssp["max_lead"] <= 3
     assert psp["pushes_dropped"] > 0
@@ -57,7 +63,7 @@ def test_sixteen_virtual_workers_train_lenet_in_under_a_minute(tmp_path):
     assert sum(ssp["iterations"]) > sum(bsp["iterations"])
     for name in ("results.md", "results.csv", "accuracy_vs_time_transient.png",
                  "accuracy_vs_iterations_transient.png", "staleness_transient.png",
-                 "test_error_vs_time_transient.png"):
+                 "test_error_vs_time_transient.png", "dssp_threshold_transient.png"):
         assert (out / name).stat().st_size > 0, name
     assert "| transient | SSP s=3 |" in (out / "results.md").read_text()
 

@@ -153,3 +153,43 @@ def test_a_reply_is_held_at_most_the_servers_hold():
     run = simulate("dist_asp", {}, None, 1.5, clocks=clocks, service=0.015)
     # waits: served at 1.015, 1.030, 1.045 and all three let go at 1.045; the 4th at 1.060
     assert [round(run.wait_time[w], 3) for w in range(4)] == [0.045, 0.045, 0.045, 0.060]
+
+
+def test_latency_jitter_draws_each_start_within_its_bounds_by_seed():
+    from kvstore_ext.simulate import overhead_times
+    constant = overhead_times(0.04, 0.01)
+    assert [constant(k) for k in (0, 1, 4)] == pytest.approx([0.04, 0.05, 0.08])
+    drawn = overhead_times(0.04, 0.01, 0.5, seed=3)
+    costs = [drawn(2) for _ in range(2000)]
+    assert 0.5 * 0.06 <= min(costs) < 0.55 * 0.06 and 1.45 * 0.06 < max(costs) <= 1.5 * 0.06
+    assert sum(costs) / len(costs) == pytest.approx(0.06, rel=0.03)    # the mean is kept
+    again = overhead_times(0.04, 0.01, 0.5, seed=3)
+    assert [again(2) for _ in range(2000)] == costs
+    other = overhead_times(0.04, 0.01, 0.5, seed=4)
+    assert [other(2) for _ in range(20)] != costs[:20]
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=f"latency_jitter {bad} must be in"):
+            overhead_times(0.04, 0.0, bad)
+
+
+def test_latency_jitter_tells_equal_devices_apart_for_dssps_controller():
+    """On equal devices without jitter the workers push at the same instants, so DSSP's
+    controller sees one speed; a host's varying push and pull give it different ones."""
+    from kvstore_ext.devices import DeviceClock
+
+    def run(jitter, seed=0):
+        clocks = DeviceClock.for_cluster("200ms", ["transient:0.05:3:2"], 4, seed=1)
+        return simulate("dist_dssp", {"staleness_lower": 3, "staleness_upper": 15}, None,
+                        40.0, clocks=clocks, latency=0.04, service=0.005, seed=seed,
+                        latency_jitter=jitter, record=True)
+    still, jittered = run(0.0), run(0.5)
+    assert still.report == run(0.0, seed=9).report      # nothing drawn without jitter
+    assert jittered.report == run(0.5).report           # deterministic by seed
+    calls = [c["worker"] for c in still.report["dssp"]["calls"]]
+    moved = [c["worker"] for c in jittered.report["dssp"]["calls"]]
+    assert len(moved) > len(calls)                      # fastest and slowest change places
+    assert abs(jittered.total_iterations - still.total_iterations) \
+        <= 0.02 * still.total_iterations                # the mean overhead is the same
+    # without record, no log is kept
+    assert simulate("dist_dssp", {"staleness_lower": 3, "staleness_upper": 15}, [1.0, 0.5],
+                    20.0).report == {}

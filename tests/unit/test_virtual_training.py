@@ -336,6 +336,13 @@ def test_a_cluster_with_a_calibration_takes_the_planners_message_costs(tmp_path)
     with pytest.raises(ConfigError, match="calibration .* or latency, not both"):
         _cluster_options({"virtual": True, "device": "200ms", "calibration": str(path),
                           "latency": 0.004}, "clusters.v", 1, 8)
+    # the jitter varies whichever latency the cluster gets, as a fraction of it
+    assert _cluster_options({"virtual": True, "device": "200ms", "calibration": str(path),
+                             "latency_jitter": 0.5}, "clusters.v", 1, 8)["latency_jitter"] == 0.5
+    for bad in (1.5, -0.1, "half", True):
+        with pytest.raises(ConfigError, match=f"latency_jitter must be a fraction .* got {bad!r}"):
+            _cluster_options({"virtual": True, "device": "200ms", "latency_jitter": bad},
+                             "clusters.v", 1, 8)
 
 
 def test_evaluations_on_worker_0s_iteration_grid(digits):

@@ -34,11 +34,11 @@ def test_every_virtual_config_loads_and_dry_runs(path):
 def test_sixteen_virtual_workers_train_lenet_in_under_a_minute(tmp_path):
     out = tmp_path / "out"
     proc = simulate("--train", SMALL, "--quick", "--out", str(out), "--paradigm", "BSP",
-                    "--paradigm", "SSP s=3", "--paradigm", "PSP c=0.75n",
-                    "--paradigm", "DSSP 3..15", timeout=150)
+                    "--paradigm", "SSP s=3", "--paradigm", "DSSP 3..15",
+                    "--paradigm", "PSP c=0.75n", timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = json.loads((out / "runs.json").read_text())["runs"]
-    assert [r["paradigm"] for r in runs] == ["BSP", "SSP s=3", "PSP c=0.75n", "DSSP 3..15"]
+    assert [r["paradigm"] for r in runs] == ["BSP", "SSP s=3", "DSSP 3..15", "PSP c=0.75n"]
     for run in runs:
         assert run["virtual"] and run["workers"] == 16 and len(run["iterations"]) == 16
         # every push reached every server (PSP: 2 servers) and was applied or dropped
@@ -50,7 +50,7 @@ def test_sixteen_virtual_workers_train_lenet_in_under_a_minute(tmp_path):
         curve = run["curve"]
         assert curve[-1]["time_s"] == pytest.approx(2.0)   # the quick virtual horizon
         assert curve[-1]["test_accuracy"] > curve[0]["test_accuracy"] + 0.3, curve   # learns
-    bsp, ssp, psp, dssp = runs
+    bsp, ssp, dssp, psp = runs
     # DSSP's controller, recorded as a real server's metrics record it, and its plot
     log = dssp["dssp"]
     assert log["staleness_lower"] == 3 and log["controller_calls"] == len(log["calls"]) > 0

@@ -223,7 +223,7 @@ def simulate(store_type: str, params: dict, speeds, horizon: float, base_time: f
         if held and not (queued and now - held_since < hold):
             let_go(held, now)
             held = []
-    report = policy.report() if record and hasattr(policy, "report") else {}
+    report = policy.report() if record else {}
     return SimResult(iterations, wait, max_lead, decisions, horizon, leads, staleness=staleness,
                      report=report)
 

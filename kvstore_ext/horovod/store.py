@@ -81,6 +81,33 @@ def delay_compensate_host(grad: np.ndarray, d: np.ndarray, lambda0: float) -> np
     return np.add(h, grad, out=h)
 
 
+#: the most dimensions :func:`_declaration` describes exactly (a longer shape is one more
+#: number: its element count, so a difference there still shows)
+_MAX_DIMS = 8
+
+
+def _declaration(value) -> np.ndarray:
+    """A key's shape and dtype as a fixed-length row of integers, for one allgather."""
+    shape = tuple(int(d) for d in value.shape)
+    dims = shape if len(shape) <= _MAX_DIMS else (*shape[:_MAX_DIMS - 1], int(np.prod(shape)))
+    row = np.full(_MAX_DIMS + 2, -1, np.int64)
+    row[0], row[1] = np.dtype(value.dtype).num, len(shape)
+    row[2:2 + len(dims)] = dims
+    return row
+
+
+def _describe_declaration(row) -> str:
+    """What :func:`_declaration` wrote, in words: ``shape (3, 4) float32``."""
+    ndim = int(row[1])
+    dims = tuple(int(d) for d in row[2:2 + min(ndim, _MAX_DIMS)])
+    shape = f"{ndim} dimensions" if ndim > _MAX_DIMS else f"shape {dims}"
+    try:
+        dtype = np.dtype(np.sctypeDict[int(row[0])]).name
+    except (KeyError, TypeError):
+        dtype = f"dtype #{int(row[0])}"
+    return f"{shape} {dtype}"
+
+
 def _hvd():
     import horovod.mxnet as hvd
     if not hvd.is_initialized():
@@ -212,6 +239,7 @@ class HorovodStore(MXNetCalls, KVStoreBase):
         else:
             weight = v.copyto(mx.cpu()) if v.context.device_type != "cpu" else v.copy()
         if self.num_workers > 1:
+            self._check_declarations(k, v)
             self._hvd.broadcast_(weight, root_rank=0, name=f"kvx.init.{k}")
         st = _Key(weight)
         if self.lag:
@@ -219,6 +247,20 @@ class HorovodStore(MXNetCalls, KVStoreBase):
         self._keys[k] = st
         self._spread_sim_comm()
         return st
+
+    def _check_declarations(self, k, v) -> None:
+        """Every worker must declare key ``k`` with one shape and dtype; otherwise each gets an
+        error naming the key and both declarations (Horovod's own broadcast would stop with
+        "Mismatched BROADCAST tensor shapes", naming neither the key nor the workers)."""
+        mine = _declaration(v)
+        rows = self._hvd.allgather(mx.nd.array(mine.reshape(1, -1), dtype="int64"),
+                                   name=f"kvx.init.declared.{k}").asnumpy()
+        for rank, row in enumerate(rows):
+            if not np.array_equal(row, mine):
+                raise KVStoreError(
+                    f"key {k!r}: worker {self.rank} initialises it with shape {tuple(v.shape)} "
+                    f"{np.dtype(v.dtype).name}, worker {rank} with {_describe_declaration(row)}; "
+                    f"every worker must create the same parameters in the same order")
 
     def _spread_sim_comm(self) -> None:
         """Simulated communication per step, shared among the keys by size (as bytes on a wire)."""

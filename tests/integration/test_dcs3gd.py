@@ -357,6 +357,43 @@ def test_workers_disagreeing_on_parameters_is_an_error(run_hvd, tmp_path):
     assert "workers disagree" in log and "lambda0=0.1" in log and "lambda0=0.3" in log, log[-2000:]
 
 
+MISMATCHED = """
+import sys, mxnet as mx
+from mxnet import autograd, gluon
+import kvstore_ext
+kv = kvstore_ext.create(sys.argv[1])
+inputs = 3 if kv.rank == 0 else 5          # worker 1 builds another network
+net = gluon.nn.Dense(4, in_units=inputs)
+net.initialize()
+trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=kv)
+with autograd.record():
+    loss = net(mx.nd.ones((2, inputs))).sum()
+loss.backward()
+try:
+    trainer.step(2)
+except kvstore_ext.KVStoreError as exc:
+    print(f"worker {kv.rank} error: {exc}", flush=True)
+    sys.exit(3)
+print(f"worker {kv.rank} trained", flush=True)
+"""
+
+
+@pytest.mark.parametrize("store", ["dist_ssgd", "dist_dcs3gd"])
+def test_workers_with_other_parameter_shapes_get_an_error_naming_the_key(run_hvd, tmp_path,
+                                                                           store):
+    """Worker 0's weight (key 1, after the bias) is 4 x 3, worker 1's 4 x 5: each worker is
+    told which key and both shapes, before any broadcast (Horovod's own error, "Mismatched
+    BROADCAST tensor shapes", names neither the key nor the workers)."""
+    script = tmp_path / "mismatched.py"
+    script.write_text(MISMATCHED)
+    code, log = run_hvd([str(script), store], timeout=120)
+    assert code == 3, log[-3000:]
+    for me, other, mine, theirs in [(0, 1, "(4, 3)", "(4, 5)"), (1, 0, "(4, 5)", "(4, 3)")]:
+        assert (f"worker {me} error: key 1: worker {me} initialises it with shape {mine} "
+                f"float32, worker {other} with shape {theirs} float32") in log, log[-3000:]
+    assert "trained" not in log and "Mismatched" not in log, log[-3000:]
+
+
 def test_a_failing_worker_stops_the_job(run_hvd, tmp_path):
     script = tmp_path / "fail_one.py"
     script.write_text(FAIL_ONE)

@@ -52,6 +52,7 @@ MAX_FRAME_MB = "KVX_MAX_FRAME_MB"     # transport limits (ps.transport.Limits)
 MAX_FRAMES = "KVX_MAX_FRAMES"
 CURVE = "KVX_CURVE"
 SERVER_MALLOC = "KVX_SERVER_MALLOC"   # "default": servers leave malloc's thresholds (ps.heap)
+AUTOLOAD = "KVX_AUTOLOAD"             # a remote worker's autoload folder (launch.process)
 
 #: how a server computes unless its environment says otherwise: updates run inline on small
 #: arrays, and MXNet's threaded engine and OpenMP's threads only add latency there

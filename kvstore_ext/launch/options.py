@@ -87,12 +87,17 @@ def straggler_env(args) -> dict:
             jobenv.SPEED_JITTER: str(args.speed_jitter), jobenv.SPEED_SEED: str(args.speed_seed)}
 
 
-def autoload_env(args, env: dict) -> dict:
+def autoload_env(args, env: dict, local: bool = True) -> dict:
     """A worker's ``PYTHONPATH`` with :mod:`kvstore_ext.launch.autoload` first, so that its
-    script's ``import mxnet`` registers the stores (unless ``--no-autoload``)."""
+    script's ``import mxnet`` registers the stores (unless ``--no-autoload``).  A worker on
+    another host (ssh, mpi) gets the folder as ``KVX_AUTOLOAD`` instead: the guard it runs
+    under puts it first on that host's own ``PYTHONPATH``, or this host's kvstore_ext's
+    folder where the path is not there (see ``process.REMOTE_GUARD``)."""
     if getattr(args, "no_autoload", False):
         return {}
     from .autoload import FOLDER
+    if not local:
+        return {jobenv.AUTOLOAD: FOLDER}
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != FOLDER]
     return {"PYTHONPATH": os.pathsep.join([FOLDER, *rest])}
 

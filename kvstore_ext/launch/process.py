@@ -26,11 +26,33 @@ PR_SET_PDEATHSIG = 1
 #: process that started it (sshd's session, mpirun) dies, when it gets SIGTERM, SIGHUP or
 #: SIGINT, and in MODE ``watch-input`` when its own standard input ends (over ssh: the launcher
 #: closed it at the end of the job, or died, or the connection dropped).  Its status is the
-#: node's (128 + N after signal N, as a shell's).  Standard library only: ``import kvstore_ext``
-#: or ``mxnet`` here could turn it into a node itself.
+#: node's (128 + N after signal N, as a shell's).  A worker's ``KVX_AUTOLOAD`` (the launcher's
+#: autoload folder, ``options.autoload_env``) goes first on the node's ``PYTHONPATH``; where that
+#: path is not on this host, this host's own kvstore_ext's folder does (found, not imported),
+#: and where there is none the node is told its script needs ``import kvstore_ext``.  Standard
+#: library only: ``import kvstore_ext`` or ``mxnet`` here could turn it into a node itself.
 REMOTE_GUARD = """\
 import ctypes, os, signal, subprocess, sys, threading
 node = None
+def autoload_env():
+    folder = os.environ.get("KVX_AUTOLOAD")
+    if not folder:
+        return None
+    if not os.path.isdir(folder):
+        import importlib.util
+        try:
+            spec = importlib.util.find_spec("kvstore_ext")
+        except (ImportError, ValueError):
+            spec = None
+        places = (spec.submodule_search_locations or []) if spec else []
+        folder = os.path.join(places[0], "launch", "autoload") if places else ""
+    if not os.path.isdir(folder):
+        print("kvstore_ext: not found on this host, so its stores are not registered when the "
+              "script imports mxnet: add 'import kvstore_ext' to the script", file=sys.stderr,
+              flush=True)
+        return None
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != folder]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([folder] + rest))
 def signal_group(sig):
     if node is None:   # stopped before the node started
         os._exit(128 + sig)
@@ -53,7 +75,8 @@ try:
     ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the parent dies
 except (OSError, AttributeError):
     pass
-node = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, start_new_session=True)
+node = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, start_new_session=True,
+                        env=autoload_env())
 if sys.argv[1] == "watch-input":
     threading.Thread(target=watch_input, daemon=True).start()
 code = node.wait()

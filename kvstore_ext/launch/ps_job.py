@@ -100,8 +100,8 @@ class Job:
         if self.launcher != "ssh":
             env[jobenv.SECRET] = self.secret   # over ssh it travels on stdin, not argv
         env.update(store_env(a))
-        if role == "worker" and self.launcher == "local":
-            env.update(autoload_env(a, env))
+        if role == "worker":
+            env.update(autoload_env(a, env, local=self.launcher == "local"))
         if role == "server":
             env.update(self.fault_env)
             for var, value in jobenv.SERVER_COMPUTE_DEFAULTS.items():
@@ -149,13 +149,14 @@ class Job:
         if self.launcher == "ssh":
             # the job's secret is read from ssh's input, never put on a command line; the
             # guard (process.REMOTE_GUARD) stops the node when that input ends
+            # the variables are set for the guard too, which reads KVX_AUTOLOAD (process.py)
             wd = self.args.sync_dst_dir or os.getcwd()
-            command = ["env", *(f"{k}={env[k]}" for k in self.forwarded(role, env)), *argv]
+            variables = ["env", *(f"{k}={env[k]}" for k in self.forwarded(role, env))]
 
             def remote(shown: bool) -> str:
+                command = variables + guarded(argv, watch_input=True, shown=shown)
                 return (f"read -r {jobenv.SECRET}; export {jobenv.SECRET}; "
-                        f"cd {shlex.quote(wd)} && exec "
-                        f"{shlex.join(guarded(command, watch_input=True, shown=shown))}")
+                        f"cd {shlex.quote(wd)} && exec {shlex.join(command)}")
 
             node = Node(name, ssh_argv(port) + [hostname, remote(False)], dict(os.environ),
                         host=hostname, stdin=(self.secret + "\n").encode())

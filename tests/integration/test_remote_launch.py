@@ -23,6 +23,7 @@ import pytest
 from conftest import JOBS, LAUNCH, ROOT, read_json, wait_until
 from remote_hosts import (HOSTS, Sshd, kill_marked, marked, mpirun_missing, processes,
                           rsync_missing, ssh_missing)
+from kvstore_ext.launch.autoload import FOLDER as AUTOLOAD_FOLDER
 from kvstore_ext.launch.process import REMOTE_GUARD
 
 PY = sys.executable
@@ -297,6 +298,7 @@ def test_ssh_sync_dst_dir_copies_the_working_directory_to_every_host_and_runs_th
         assert os.path.realpath(r["file"]) == os.path.realpath(dst / "job.py"), r
         assert r["greeting"] == "from the launcher's machine\n"
         assert r["w"] == pytest.approx([-1.0] * 3)   # 5 rounds of both workers' pushes
+        assert r["type"] == "kvstore_ext.ps.store", r    # the store came by the autoload
     # server 0 on the first host, workers 0 and 1 on the second and the first
     assert {r["rank"]: r["ssh_host"] for r in reports} == {0: HOSTS[1], 1: HOSTS[0]}
     server = [n for n in job.nodes.values() if n.role == "server"]
@@ -332,14 +334,13 @@ def test_ssh_job_file_lets_a_local_worker_join(sshd, launch, tmp_path):
 
 
 SYNCED_JOB = '''\
-"""Run from the synced directory: a few dist_bsp rounds, then where it ran and what it read."""
+"""Run from the synced directory: a few dist_bsp rounds, then where it ran and what it read.
+It does not import kvstore_ext: the launcher's autoload registers the stores on the host."""
 import json
 import os
 import sys
 
 import mxnet as mx
-
-import kvstore_ext  # noqa: F401
 
 kv = mx.kv.create("dist_bsp")
 kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1))
@@ -353,7 +354,7 @@ with open(os.path.join("data", "greeting.txt")) as f:
     greeting = f.read()
 with open(f"{sys.argv[1]}.{kv.rank}.json", "w") as f:
     json.dump({"rank": kv.rank, "cwd": os.getcwd(), "file": os.path.abspath(__file__),
-               "greeting": greeting, "w": w.asnumpy().tolist(),
+               "greeting": greeting, "w": w.asnumpy().tolist(), "type": type(kv).__module__,
                "ssh_host": os.environ["SSH_CONNECTION"].split()[2]}, f)
 '''
 
@@ -381,6 +382,9 @@ def test_mpi_job_trains_and_gets_the_secret_by_name(mpirun, launch, tmp_path):
     for n in nodes:
         assert os.path.basename(n.starter[0]) == "mpirun", n.starter   # mpirun's own child
         assert "OMPI_COMM_WORLD_RANK" in n.env and n.guard_mode == "parent-only"
+        # a worker's script finds the stores registered once it imports mxnet (the autoload)
+        assert (n.env.get("PYTHONPATH", "").split(os.pathsep)[0] == AUTOLOAD_FOLDER) == \
+            (n.role == "worker"), (n, n.env.get("PYTHONPATH"))
         # every node may use every core this test may (mpirun alone binds a one-process
         # job to the first core)
         assert n.cpus == mine, (n, n.cpus, mine)

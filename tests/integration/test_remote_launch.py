@@ -113,11 +113,10 @@ class LaunchedJob:
                 p.environ   # read now, while it runs
                 self.starters[p.pid] = p
             guard = table.get(p.ppid)
-            if (guard and guard.argv[1:3] == ["-c", REMOTE_GUARD] and name != "env"
-                    and p.argv != guard.argv):
-                # (over ssh the node is `env NAME=VALUE... COMMAND` until env runs COMMAND, and
-                # before that the guard's own forked copy, with the guard's argv and environment:
-                # recorded then, a node kept no role; it is the same pid once it runs)
+            if guard and guard.argv[1:3] == ["-c", REMOTE_GUARD] and p.argv != guard.argv:
+                # (before the node runs, the guard's child is the guard's own forked copy, with
+                # the guard's argv and environment: recorded then, a node kept no role; it is
+                # the same pid once it runs.  Over ssh `env NAME=VALUE...` runs the guard itself)
                 self.nodes[p.pid] = Node(p, guard, table.get(guard.ppid))
 
     def watch(self, timeout: float) -> int:

@@ -10,19 +10,19 @@ import pytest
 from conftest import ROOT, read_json
 from kvstore_ext.experiments import (ConfigError, load_experiment, median_run, summarise,
                                      time_to_accuracy)
+from kvstore_ext.reproduce import main as reproduce_main
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
 REPRODUCE = os.path.join(ROOT, "scripts", "reproduce.py")
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
-def test_every_config_loads_and_dry_runs(path):
+def test_every_config_loads_and_dry_runs(path, capsys):
+    """reproduce.py's --dry-run, in this process (the command line itself runs below)."""
     exp = load_experiment(path)
     assert exp.paradigms and exp.clusters
-    proc = subprocess.run([sys.executable, REPRODUCE, path, "--dry-run"], capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    commands = [line for line in proc.stdout.splitlines() if not line.startswith("#")]
+    assert reproduce_main([path, "--dry-run"]) == 0, capsys.readouterr().err
+    commands = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
     assert len(commands) == exp.trials * len(exp.clusters) * len(exp.paradigms)
     assert all("launch.py" in c and ("--worker-speed" in c or "--device" in c) for c in commands)
 

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import ROOT
 from kvstore_ext.experiments import ConfigError, load_experiment
+from kvstore_ext.simulate.__main__ import run as run_simulate
 
 VIRTUAL_CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "virtual", "*.yaml")))
 SMALL = os.path.join(ROOT, "configs", "virtual", "mnist_16.yaml")
@@ -22,22 +23,29 @@ def simulate(*args, timeout=300):
 
 
 @pytest.mark.parametrize("path", VIRTUAL_CONFIGS, ids=os.path.basename)
-def test_every_virtual_config_loads_and_dry_runs(path):
+def test_every_virtual_config_loads_and_dry_runs(path, capsys):
+    """``simulate --train CONFIG --dry-run``, in this process (the command line runs below)."""
     exp = load_experiment(path)
     assert any(exp.is_virtual(c) for c in exp.clusters)
-    proc = simulate("--train", path, "--dry-run", timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    runs = [line for line in proc.stdout.splitlines() if line.startswith("# trial")]
+    assert run_simulate(["--train", path, "--dry-run"]) == 0, capsys.readouterr().err
+    runs = [line for line in capsys.readouterr().out.splitlines() if line.startswith("# trial")]
     assert len(runs) == exp.trials * len(exp.clusters) * len(exp.paradigms)
 
 
-def test_sixteen_virtual_workers_train_lenet_in_under_a_minute(tmp_path):
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def sixteen(tmp_path_factory):
+    """The 16-worker config's quick run of four paradigms, two at a time (``--jobs 2``):
+    its folder and records."""
+    out = tmp_path_factory.mktemp("sixteen") / "out"
     proc = simulate("--train", SMALL, "--quick", "--out", str(out), "--paradigm", "BSP",
                     "--paradigm", "SSP s=3", "--paradigm", "DSSP 3..15",
-                    "--paradigm", "PSP c=0.75n", timeout=150)
+                    "--paradigm", "PSP c=0.75n", "--jobs", "2", timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    runs = json.loads((out / "runs.json").read_text())["runs"]
+    return out, json.loads((out / "runs.json").read_text())["runs"]
+
+
+def test_sixteen_virtual_workers_train_lenet_in_under_a_minute(sixteen):
+    out, runs = sixteen
     assert [r["paradigm"] for r in runs] == ["BSP", "SSP s=3", "DSSP 3..15", "PSP c=0.75n"]
     for run in runs:
         assert run["virtual"] and run["workers"] == 16 and len(run["iterations"]) == 16
@@ -96,18 +104,19 @@ def test_a_study_run_in_parts_resumes_into_one_runs_json(tmp_path):
     assert json.loads((other / "runs.json").read_text())["runs"] == []
 
 
-def test_runs_in_two_processes_give_the_same_records_as_in_one(tmp_path):
-    """--jobs 2 runs two paradigms side by side; each run's curve, iterations and staleness
-    are those of --jobs 1, bit for bit, and runs.json keeps the config's order."""
-    records = {}
-    for jobs in (1, 2):
-        out = tmp_path / f"jobs{jobs}"
-        proc = simulate("--train", SMALL, "--quick", "--out", str(out), "--paradigm", "SSP s=3",
-                        "--paradigm", "BSP", "--jobs", str(jobs), timeout=180)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        records[jobs] = json.loads((out / "runs.json").read_text())["runs"]
-    assert [r["paradigm"] for r in records[2]] == ["BSP", "SSP s=3"]
-    for one, two in zip(records[1], records[2]):
+def test_runs_in_two_processes_give_the_same_records_as_in_one(tmp_path, sixteen):
+    """--jobs 2 runs paradigms side by side (the 16-worker run); each run's curve,
+    iterations and staleness are those of --jobs 1, bit for bit, and runs.json keeps the
+    config's order whatever order --paradigm names them in."""
+    out = tmp_path / "jobs1"
+    proc = simulate("--train", SMALL, "--quick", "--out", str(out), "--paradigm", "SSP s=3",
+                    "--paradigm", "BSP", "--jobs", "1", timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    alone = json.loads((out / "runs.json").read_text())["runs"]
+    assert [r["paradigm"] for r in alone] == ["BSP", "SSP s=3"]
+    side_by_side = {r["paradigm"]: r for r in sixteen[1]}
+    for one in alone:
+        two = side_by_side[one["paradigm"]]
         for key in ("paradigm", "curve", "iterations", "staleness", "final_accuracy"):
             assert one[key] == two[key], key
 

@@ -34,8 +34,9 @@ PR_SET_PDEATHSIG = 1
 REMOTE_GUARD = """\
 import ctypes, os, signal, subprocess, sys, threading
 node = None
+AUTOLOAD = %r
 def autoload_env():
-    folder = os.environ.get("KVX_AUTOLOAD")
+    folder = os.environ.get(AUTOLOAD)
     if not folder:
         return None
     if not os.path.isdir(folder):
@@ -83,6 +84,7 @@ code = node.wait()
 signal_group(signal.SIGKILL)
 sys.exit(128 - code if code < 0 else code)
 """
+REMOTE_GUARD %= jobenv.AUTOLOAD   # the variable's name as jobenv spells it
 
 
 def guarded(argv: list[str], watch_input: bool, python: str = sys.executable,

@@ -35,10 +35,14 @@ TOP_KEYS = {"name", "description", "paper", "script", "args", "workers", "server
 #: ``calibration`` (a ``plan calibrate`` JSON: the latency, service and apply times of the
 #: planner's model of this job, instead of ``latency`` and ``service``), and ``compute:
 #: calibration`` (iteration times from that calibration's compute of the model instead of
-#: ``device``; ``speeds`` scale them per worker, ``workers_per_host`` workers share a host)
+#: ``device``; ``speeds`` scale them per worker, ``workers_per_host`` workers share a host),
+#: ``shared_host`` (with a calibration: every worker's exchange on one host's cores, slowed while
+#: others compute, as launched runs on one machine are: true, by the calibration's interference,
+#: or a number f, by 1 + (f - 1) k beside k others)
 VIRTUAL_KEYS = {"virtual", "workers", "latency", "service", "eval_every", "lr", "patience",
                 "min_delta", "latency_jitter",
-                "calibration", "eval_every_iterations", "compute", "workers_per_host"}
+                "calibration", "eval_every_iterations", "compute", "workers_per_host",
+                "shared_host"}
 #: where a virtual cluster's iteration times can come from besides emulated devices
 COMPUTE_SOURCES = ("calibration",)
 CLUSTER_KEYS = {"speeds", "speed_jitter", "speed_seed", "delay_replies", "slow_server", "fault_seed",
@@ -320,6 +324,15 @@ def _cluster_options(entry: dict, at: str, servers: int, workers: int) -> dict:
         if given:
             raise ConfigError(f"{at}: give calibration (the planner's message costs) or "
                               f"{given[0]}, not both")
+    if "shared_host" in out:
+        value = out["shared_host"]
+        _need(isinstance(value, bool) or (isinstance(value, (int, float)) and
+                                          math.isfinite(value) and value >= 1), at,
+              f"shared_host must be true, false or an exchange's slow-down beside another "
+              f"worker's compute (a number >= 1), got {value!r}")
+        _need("calibration" in out or value is False, at,
+              "shared_host needs calibration (the host's compute of the model and its "
+              "interference come from the 'plan calibrate' JSON)")
     if "compute" in out:
         _need(out["compute"] in COMPUTE_SOURCES, at,
               f"compute must be calibration (the planner's compute of the model, from the "

@@ -416,6 +416,7 @@ def run_virtual(exp, cluster: str, paradigm, trial: int, quick: bool = False,
                       clocks=worker_clocks(exp, cluster, model, batch), servers=servers,
                       blocks=blocks, trainer=vt, seed=trial, record=n <= RECORD_UP_TO,
                       latency_jitter=float(opts.get("latency_jitter", 0.0)),
+                      shared_host=shared_host(opts, model, batch),
                       **message_costs(opts, model, paradigm.kvstore, n, servers, batch))
     end = min(vt.now, horizon) if per_worker else horizon
     if vt.stopped_early:
@@ -490,6 +491,28 @@ def message_costs(opts: dict, model: str, store: str, workers: int, servers: int
     server_wide = servers == 1 and registry.lookup(store).policy is not None
     return {"latency": float(opts.get("latency", 0.0)),
             "service": float(opts.get("service", 0.0)) if server_wide else 0.0}
+
+
+def shared_host(opts: dict, model: str, batch: int):
+    """The workers' exchanges on one host's cores (:class:`~kvstore_ext.simulate.SharedHost`),
+    with the calibration's compute of ``model`` at ``batch`` as each iteration's host work:
+    ``shared_host: true`` slows an exchange beside k others' compute by the calibration's
+    interference at k + 1 processes; ``shared_host: f`` (a number) by 1 + (f - 1) k, f being an
+    exchange's slow-down beside one other's compute, measured on the machine.  None without
+    it (a host each)."""
+    value = opts.get("shared_host", False)
+    if value is False:
+        return None
+    from .plan.model import Costs, ModelProfile
+    from .simulate import SharedHost
+    data = read_calibration(opts["calibration"])
+    if value is True:
+        interference = Costs.from_calibration(data).interference_at
+    else:
+        def interference(k, f=float(value)):
+            return 1.0 + (f - 1.0) * (k - 1)
+    return SharedHost(float(ModelProfile.from_calibration(data, model).host_time(batch)),
+                      interference)
 
 
 # -- runs in parallel processes ----------------------------------------------------------------

@@ -343,6 +343,24 @@ def test_a_cluster_with_a_calibration_takes_the_planners_message_costs(tmp_path)
         with pytest.raises(ConfigError, match=f"latency_jitter must be a fraction .* got {bad!r}"):
             _cluster_options({"virtual": True, "device": "200ms", "latency_jitter": bad},
                              "clusters.v", 1, 8)
+    # one host's cores: the calibration's compute of the model and its interference
+    from kvstore_ext.virtual_training import shared_host
+    assert _cluster_options({"virtual": True, "device": "200ms", "calibration": str(path),
+                             "shared_host": True}, "clusters.v", 1, 8)["shared_host"] is True
+    with pytest.raises(ConfigError, match="shared_host needs calibration"):
+        _cluster_options({"virtual": True, "device": "200ms", "shared_host": True},
+                         "clusters.v", 1, 8)
+    for bad in ("yes", 0.9, float("nan")):
+        with pytest.raises(ConfigError, match=f"shared_host must be true, false or an "
+                                              f"exchange's slow-down .* got {bad!r}"):
+            _cluster_options({"virtual": True, "device": "200ms", "calibration": str(path),
+                              "shared_host": bad}, "clusters.v", 1, 8)
+    assert shared_host({"device": "200ms"}, "lenet", 64) is None
+    host = shared_host({"calibration": str(path), "shared_host": True}, "lenet", 64)
+    assert host.host_time == pytest.approx(64 * 1e-4)    # the calibration's compute at 64
+    assert host.interference(1) == pytest.approx(1.0)
+    measured = shared_host({"calibration": str(path), "shared_host": 1.2}, "lenet", 64)
+    assert [measured.interference(k) for k in (1, 2, 3)] == pytest.approx([1.0, 1.2, 1.4])
 
 
 def test_evaluations_on_worker_0s_iteration_grid(digits):

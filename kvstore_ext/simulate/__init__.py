@@ -112,7 +112,8 @@ class SharedHost:
     A worker's exchange (from its OK to its next start: the reply, the next batch, the push's
     CPU) that begins while ``k`` other workers are in the host compute at the start of their
     iterations (their first ``host_time`` seconds) takes ``interference(k + 1)`` times as long
-    (the calibration's slow-down of ``k + 1`` processes computing at once).  Without it, two
+    (a slow-down at ``k + 1`` busy processes: the calibration's, or one measured for an
+    exchange beside compute, :func:`~kvstore_ext.virtual_training.shared_host`).  Without it, two
     workers let go at one moment on equal devices push at the same instants for ever; on the
     machine the second one's exchange runs beside the first one's forward and backward pass
     and falls behind, until their host work no longer overlaps.  Measured on 2 workers, SSP

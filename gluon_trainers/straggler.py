@@ -184,9 +184,11 @@ class EmulatedDevice(_LoopTimer):
         extra = max(0.0, device - host)
         if extra > 0:
             self._sleep(extra)
+        # host_clock_s: the host's monotonic clock, which every process of one host shares
+        # (the workers' logs side by side: exchange_slowdown)
         self.rows.append({"iteration": len(self.rows), "start_s": start, "host_s": host,
                           "device_s": device, "factor": self.clock.last_factor,
-                          "slept_s": extra, "wait_s": self._waited})
+                          "slept_s": extra, "wait_s": self._waited, "host_clock_s": started})
         if not self.warned and len(self.rows) % self.CHECK_EVERY == 0:
             recent = self.host_share(self.rows[-self.CHECK_EVERY:])
             if recent > self.HOST_SHARE_WARNING:
@@ -268,6 +270,41 @@ def iteration_overhead(logs: list[list[dict]]) -> float | None:
     gaps = [b["start_s"] - a["start_s"] - max(a["device_s"], a["host_s"] + a["slept_s"])
             for log in logs for a, b in zip(log[1:], log[2:])]
     return statistics.median(gaps) if gaps else None
+
+
+def exchange_slowdown(logs: list[list[dict]]) -> dict | None:
+    """How much longer a worker's exchange takes when it begins while other workers on the
+    same host are in their host compute (the start of their iterations), from every worker's
+    log of an asynchronous run (no policy holds a worker back, so an exchange is its push,
+    the update and its pull): each exchange (from the end of its iteration's device time to
+    the next iteration's start, each worker's first iteration left out) is put with the
+    number k of other workers computing when it began.  Returns, per k seen, the exchanges
+    counted and their median seconds, and ``extra_s``: the median at k = 1 less the median at
+    k = 0 (what one other process's compute adds to an exchange; ``None`` if either was not
+    seen), which ``SharedHost`` is given as ``1 + extra_s / latency``.  None for logs
+    without the host's clock (``host_clock_s``, written since 2026-12-02)."""
+    import bisect
+    if not logs or any(log and "host_clock_s" not in log[0] for log in logs):
+        return None
+    windows = [sorted((r["host_clock_s"], r["host_clock_s"] + r["host_s"]) for r in log)
+               for log in logs]
+    starts = [[w[0] for w in ws] for ws in windows]
+    by_count: dict[int, list[float]] = {}
+    for me, log in enumerate(logs):
+        for a, b in zip(log[1:], log[2:]):
+            begin = a["host_clock_s"] + max(a["device_s"], a["host_s"] + a["slept_s"])
+            computing = 0
+            for other, ws in enumerate(windows):
+                i = bisect.bisect_right(starts[other], begin) - 1
+                if other != me and i >= 0 and begin < ws[i][1]:
+                    computing += 1
+            by_count.setdefault(computing, []).append(b["host_clock_s"] - begin)
+    if not by_count:
+        return None
+    medians = {k: statistics.median(v) for k, v in by_count.items()}
+    extra = medians[1] - medians[0] if 0 in medians and 1 in medians else None
+    return {"exchanges": {k: len(by_count[k]) for k in sorted(by_count)},
+            "median_s": {k: medians[k] for k in sorted(medians)}, "extra_s": extra}
 
 
 def overhead_model(round_cost: float, lone_cost: float | None,

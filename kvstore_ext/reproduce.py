@@ -43,8 +43,8 @@ from kvstore_ext.reports import plot_accuracy, write_results
 from kvstore_ext.virtual_training import (agreement_columns, agreement_rows, cluster_kinds,
                                           iterations_text, plot_staleness, plot_time_to_target,
                                           run_virtual_runs)
-from gluon_trainers.straggler import (iteration_overhead, overhead_model, read_device_logs,
-                                      round_overhead, warm_up)
+from gluon_trainers.straggler import (exchange_slowdown, iteration_overhead, overhead_model,
+                                      read_device_logs, round_overhead, warm_up)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -207,6 +207,9 @@ def collect(workdir, exp, trial, cluster, paradigm, seconds) -> dict:
             "round_overhead_s": round_overhead(logs) if logs and synchronous else None,
             # no policy holds an ASP worker back: what one push and pull cost alone
             "iteration_overhead_s": iteration_overhead(logs)
+            if logs and paradigm.kvstore in ("dist_asp", "dist_async") else None,
+            # and how much longer it is beside other workers' compute (a shared_host's factor)
+            "exchange_slowdown": exchange_slowdown(logs)
             if logs and paradigm.kvstore in ("dist_asp", "dist_async") else None,
             "warm_up_s": warm_up(logs) if logs else None}
 

@@ -122,7 +122,7 @@ def test_bad_patterns_are_named(spec, named):
 
 
 def test_iteration_lasts_the_longer_of_host_and_device():
-    slept, clock_now = [], [0.0]
+    slept, clock_now = [], [100.0]
     dev = EmulatedDevice(DeviceClock(0.2), sleep=slept.append, wait_all=lambda: None,
                          now=lambda: clock_now[0])
     for host in (0.05, 0.3, 0.1):
@@ -131,6 +131,9 @@ def test_iteration_lasts_the_longer_of_host_and_device():
         dev.end()
         clock_now[0] += slept[-1] if slept and len(slept) == len(dev.rows) else 0
     assert [round(r["slept_s"], 9) for r in dev.rows] == [0.15, 0.0, 0.1]
+    # each start from the first one's, and on the host's clock, which the workers share
+    assert [r["start_s"] for r in dev.rows] == pytest.approx([0.0, 0.2, 0.5])
+    assert [r["host_clock_s"] for r in dev.rows] == pytest.approx([100.0, 100.2, 100.5])
     assert slept == pytest.approx([0.15, 0.1])
     assert dev.host_share() == pytest.approx(0.5)   # median of 0.25, 1.5, 0.5
     assert dev.to_dict()["iterations"] == 3

@@ -208,6 +208,11 @@ def test_shared_host_slows_an_exchange_that_begins_while_others_compute():
     assert host.exchange(2, 0.040, 0.004) == pytest.approx(0.006)
     assert host.exchange(1, 0.100, 0.004) == pytest.approx(0.004)   # everyone is done by 0.1
     assert host.fresh().exchange(2, 0.0, 0.004) == pytest.approx(0.004)
+    # workers let go at one moment: each after the first counts those before it (their host
+    # work follows their exchange), which is what sets them apart on one host
+    host = SharedHost(0.02, lambda k: {1: 1.0, 2: 1.5, 3: 2.0}[k])
+    assert [host.exchange(w, 0.0, 0.004) for w in (0, 1, 2)] == pytest.approx([0.004, 0.006,
+                                                                               0.008])
     with pytest.raises(ValueError, match="host_time -1 must be seconds >= 0"):
         SharedHost(-1, lambda k: 1.0)
 

@@ -109,6 +109,32 @@ def test_iteration_overhead_is_the_gap_beyond_the_device_time_first_iteration_le
     assert iteration_overhead([rows([0.0, 1.0])]) is None
 
 
+def clocked(starts, device=0.2, host=0.05):
+    """A log whose iterations start at ``starts`` on the host's clock (first at 0 s)."""
+    return [{**r, "host_clock_s": t} for r, t in zip(rows([t - starts[0] for t in starts],
+                                                             device, host), starts)]
+
+
+def test_exchange_slowdown_sets_each_exchange_beside_the_others_compute_it_began_in():
+    from gluon_trainers.straggler import exchange_slowdown
+    # both: 200 ms of device time, the first 50 ms of it host compute.  Worker 0's
+    # exchanges (from 1.2, 1.41, 1.62, 1.83) take 10 ms and begin while worker 1 sleeps (its
+    # compute ended at 1.08, 1.295, 1.51, 1.725); worker 1's (from 1.23, 1.445, 1.66, 1.875)
+    # take 15 ms and begin within worker 0's compute (1.21-1.26, 1.42-1.47, 1.63-1.68,
+    # 1.84-1.89).  Each worker's first iteration (MXNet's warm-up) is left out.
+    w0 = clocked([0.0, 1.0, 1.21, 1.42, 1.63, 1.84])
+    w1 = clocked([0.02, 1.03, 1.245, 1.46, 1.675, 1.89])
+    got = exchange_slowdown([w0, w1])
+    assert got["exchanges"] == {0: 4, 1: 4}
+    assert got["median_s"][0] == pytest.approx(0.01)
+    assert got["median_s"][1] == pytest.approx(0.015)
+    assert got["extra_s"] == pytest.approx(0.005)
+    # nobody else computing ever: no extra to tell
+    assert exchange_slowdown([w0])["extra_s"] is None
+    # logs written before the host's clock was: nothing to set side by side
+    assert exchange_slowdown([rows([0.0, 1.0, 1.21]), rows([0.0, 1.0, 1.21])]) is None
+
+
 def test_overhead_model_gives_back_both_measurements_in_the_simulator():
     """k workers let go together cost a + k*b: a BSP round of 8 costs the round overhead, an
     ASP worker let go alone its own, and the simulator's periods are exactly those."""

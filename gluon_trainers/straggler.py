@@ -263,12 +263,20 @@ def round_overhead(logs: list[list[dict]]) -> float | None:
     return statistics.median(gaps) if gaps else None
 
 
+def _exchanges(log: list[dict], clock: str = "start_s"):
+    """``(when it began, seconds)`` of each exchange of one worker's log, on ``clock``: from
+    the end of an iteration's device time (or of its host work, if longer) to the next
+    iteration's start; the first iteration (MXNet's warm-up) left out."""
+    for a, b in zip(log[1:], log[2:]):
+        begin = a[clock] + max(a["device_s"], a["host_s"] + a["slept_s"])
+        yield begin, b[clock] - begin
+
+
 def iteration_overhead(logs: list[list[dict]]) -> float | None:
     """What an iteration costs beyond its device time on an asynchronous store, where no
     policy holds a worker back: its push, the update and its pull, median over every worker's
-    iterations (each worker's first, MXNet's warm-up, left out)."""
-    gaps = [b["start_s"] - a["start_s"] - max(a["device_s"], a["host_s"] + a["slept_s"])
-            for log in logs for a, b in zip(log[1:], log[2:])]
+    exchanges (:func:`_exchanges`)."""
+    gaps = [seconds for log in logs for _, seconds in _exchanges(log)]
     return statistics.median(gaps) if gaps else None
 
 
@@ -276,12 +284,11 @@ def exchange_slowdown(logs: list[list[dict]]) -> dict | None:
     """How much longer a worker's exchange takes when it begins while other workers on the
     same host are in their host compute (the start of their iterations), from every worker's
     log of an asynchronous run (no policy holds a worker back, so an exchange is its push,
-    the update and its pull): each exchange (from the end of its iteration's device time to
-    the next iteration's start, each worker's first iteration left out) is put with the
-    number k of other workers computing when it began.  Returns, per k seen, the exchanges
-    counted and their median seconds, and ``extra_s``: the median at k = 1 less the median at
-    k = 0 (what one other process's compute adds to an exchange; ``None`` if either was not
-    seen), which ``SharedHost`` is given as ``1 + extra_s / latency``.  None for logs
+    the update and its pull; :func:`_exchanges`): each exchange is put with the number k of
+    other workers computing when it began.  Returns, per k seen, the exchanges counted and
+    their median seconds, and ``extra_s``: the median at k = 1 less the median at k = 0 (what
+    one other process's compute adds; ``None`` if either was not seen).  What a virtual
+    cluster's ``shared_host`` is checked against (docs/virtual_training.md).  None for logs
     without the host's clock (``host_clock_s``, written since 2026-12-02)."""
     import bisect
     if not logs or any(log and "host_clock_s" not in log[0] for log in logs):
@@ -291,20 +298,20 @@ def exchange_slowdown(logs: list[list[dict]]) -> dict | None:
     starts = [[w[0] for w in ws] for ws in windows]
     by_count: dict[int, list[float]] = {}
     for me, log in enumerate(logs):
-        for a, b in zip(log[1:], log[2:]):
-            begin = a["host_clock_s"] + max(a["device_s"], a["host_s"] + a["slept_s"])
+        for begin, seconds in _exchanges(log, "host_clock_s"):
             computing = 0
             for other, ws in enumerate(windows):
+                if other == me:
+                    continue
                 i = bisect.bisect_right(starts[other], begin) - 1
-                if other != me and i >= 0 and begin < ws[i][1]:
-                    computing += 1
-            by_count.setdefault(computing, []).append(b["host_clock_s"] - begin)
+                computing += i >= 0 and begin < ws[i][1]
+            by_count.setdefault(computing, []).append(seconds)
     if not by_count:
         return None
-    medians = {k: statistics.median(v) for k, v in by_count.items()}
+    medians = {k: statistics.median(by_count[k]) for k in sorted(by_count)}
     extra = medians[1] - medians[0] if 0 in medians and 1 in medians else None
-    return {"exchanges": {k: len(by_count[k]) for k in sorted(by_count)},
-            "median_s": {k: medians[k] for k in sorted(medians)}, "extra_s": extra}
+    return {"exchanges": {k: len(v) for k, v in sorted(by_count.items())},
+            "median_s": medians, "extra_s": extra}
 
 
 def overhead_model(round_cost: float, lone_cost: float | None,

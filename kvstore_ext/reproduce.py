@@ -188,6 +188,7 @@ def collect(workdir, exp, trial, cluster, paradigm, seconds) -> dict:
     synchronous = paradigm.kvstore in ("dist_bsp", "dist_sync") or (
         paradigm.kvstore == "dist_psp" and paradigm.params.get("min_pull_fraction", 1.0) == 1.0
         and resolve_min_pushes(paradigm.params.get("min_pushes", 1.0), exp.workers) == exp.workers)
+    lone = bool(logs) and paradigm.kvstore in ("dist_asp", "dist_async")
     waits = [w.get("kvstore_stats", {}).get("worker", {}).get("wait_share") for w in workers]
     waits = [x for x in waits if x is not None]
     return {"trial": trial, "cluster": cluster, "paradigm": paradigm.name,
@@ -205,12 +206,10 @@ def collect(workdir, exp, trial, cluster, paradigm, seconds) -> dict:
             "max_lead": dssp.get("max_lead_at_ok") if dssp else None,
             "host_share": [d.get("host_share") for d in devices],
             "round_overhead_s": round_overhead(logs) if logs and synchronous else None,
-            # no policy holds an ASP worker back: what one push and pull cost alone
-            "iteration_overhead_s": iteration_overhead(logs)
-            if logs and paradigm.kvstore in ("dist_asp", "dist_async") else None,
-            # and how much longer it is beside other workers' compute (a shared_host's factor)
-            "exchange_slowdown": exchange_slowdown(logs)
-            if logs and paradigm.kvstore in ("dist_asp", "dist_async") else None,
+            # no policy holds an ASP worker back: what one push and pull cost alone, and how
+            # much longer beside other workers' compute (what a shared_host is checked against)
+            "iteration_overhead_s": iteration_overhead(logs) if lone else None,
+            "exchange_slowdown": exchange_slowdown(logs) if lone else None,
             "warm_up_s": warm_up(logs) if logs else None}
 
 

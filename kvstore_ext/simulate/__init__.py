@@ -121,10 +121,10 @@ class SharedHost:
     of cases on the machine and 42-45% in virtual time without this model.
 
     What counts as another worker "in its host compute" is, exactly, one whose last exchange
-    began at or before ``at`` and whose host work after it has not ended: a worker still in its own
-    exchange counts too.  So of workers let go at one moment, each after the first is slowed
-    (the first's host work is about to run beside it); that is what sets them apart. Counting
-    only host work under way at ``at`` left them in step (in the 2-worker test below, 27% of
+    began at or before ``at`` and whose host work after it has not ended: a worker still in
+    its own exchange counts too.  So of workers let go at one moment, each after the first is
+    slowed (the first's host work is about to run beside it); that is what sets them apart.
+    Counting only host work under way at ``at`` left them in step (2 workers, SSP s=3: 27% of
     consecutive pushes under 10 ms apart against the machine's 11-13%, 2026-12-02).
 
     The count is kept in a heap of when each worker's host work ends, so a start costs

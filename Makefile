@@ -13,12 +13,13 @@ HOROVOD_ENV := HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT
                HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO MAKEFLAGS=-j2
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast demo bench bench-kvstore bench-train bench-targets bench-optimizer bench-dssp-policy bench-dcs3gd bench-plan \
+.PHONY: setup test test-long test-fast demo bench bench-kvstore bench-train bench-targets bench-optimizer bench-dssp-policy bench-dcs3gd bench-plan \
         bench-virtual reproduce reproduce-dssp reproduce-psp reproduce-8workers reproduce-virtual clean help
 
 help:
 	@echo "make demo    - set up (first time) and compare BSP, ASP, SSP and DSSP on an emulated GTX 1080 Ti + GTX 1060"
-	@echo "make test    - set up (first time) and run the test suite"
+	@echo "make test    - set up (first time) and run the test suite, all but its long experiments"
+	@echo "make test-long - only the long experiments (about 12 minutes; CI runs both)"
 	@echo "make test-fast - only the unit tests (no jobs; about a minute)"
 	@echo "make bench   - kvstore round rates and end-to-end training speed vs MXNet's own stores,"
 	@echo "               the planner's predictions against real jobs (make bench-plan) and"
@@ -71,8 +72,14 @@ $(SYSPKG): | $(STAMP)
 
 setup: $(STAMP) $(HVD) $(SYSPKG)
 
+# everything but the long experiments (marked `long`), well under 20 minutes
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not long" $(PYTEST_ARGS)
+
+# the long experiments only: 8 emulated workers against the simulator, dist_asp against
+# dist_async at 4 workers over 4 seeds, the demo end to end, ... (about 12 minutes)
+test-long: setup
+	$(PY) -m pytest -q -m long $(PYTEST_ARGS)
 
 # the unit tier only: pure logic, no job started (about a minute)
 test-fast: setup

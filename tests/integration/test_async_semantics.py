@@ -26,7 +26,8 @@ def run(run_job, workers, kvstore, *args, options=()):
     return float(np.mean([r["accuracy"] for r in results])), staleness
 
 
-@pytest.mark.parametrize("workers,seeds", [(2, [1]), (4, [1, 2, 3, 4])])
+@pytest.mark.parametrize("workers,seeds", [(2, [1]),
+                                           pytest.param(4, [1, 2, 3, 4], marks=pytest.mark.long)])
 def test_dist_asp_trains_and_is_as_stale_as_native_dist_async(run_job, workers, seeds):
     """dist_asp may not train worse than dist_async by more than 2 points.  With 4 workers a
     single run of either store spreads by about 2 points, with an occasional run 5-10 points
@@ -48,6 +49,7 @@ def test_dist_asp_trains_and_is_as_stale_as_native_dist_async(run_job, workers, 
     assert st.mean() <= native_st.mean() * 1.25 + 0.5, (st.mean(), native_st.mean())
 
 
+@pytest.mark.long
 def test_dist_ssp_with_staleness_0_trains_at_lr_0_05_like_native_dist_sync(run_job):
     """lr 0.05 with momentum 0.9 (the script's default) is where MXNet's dist_async diverges
     (4 of 5 seeds); s = 0 bounds the lead, so each worker's gradient is computed on weights

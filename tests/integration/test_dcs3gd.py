@@ -188,6 +188,7 @@ def step_time(run_hvd, tmp_path, store, sim_s, tag):
     return max(r["step_time_s"] for r in results), results[0]["kvstore_stats"]["worker"]
 
 
+@pytest.mark.long
 def test_overlap_is_real(run_hvd, tmp_path):
     """Allreduce as long as the compute: DC-S3GD ≈ max of the two, SSGD ≈ their sum."""
     t_dc0, _ = step_time(run_hvd, tmp_path, "dist_dcs3gd", 0, "c")    # compute (+ hidden allreduce)
@@ -212,6 +213,7 @@ def test_overlap_is_real(run_hvd, tmp_path):
 
 
 # -- training -------------------------------------------------------------------------------------
+@pytest.mark.long
 def test_lenet_reaches_95_percent_close_to_ssgd(run_hvd, tmp_path):
     acc = {}
     for store in ("dist_dcs3gd", "dist_ssgd"):
@@ -232,6 +234,7 @@ def test_lenet_reaches_95_percent_close_to_ssgd(run_hvd, tmp_path):
     assert acc["dist_dcs3gd"] >= acc["dist_ssgd"] - 0.01, acc
 
 
+@pytest.mark.long
 def test_paper_schedule_trains_with_the_store(run_hvd, tmp_path):
     out = str(tmp_path / "r-{rank}.json")
     code, log = run_hvd([TRAIN, "--config", os.path.join(ROOT, "configs", "recipes", "dcs3gd_lenet_mnist_cpu.yaml"),

@@ -37,6 +37,7 @@ def run(run_job, tmp_path, name, kvstore, *options, seconds=SECONDS):
     return workers, rows
 
 
+@pytest.mark.long
 def test_eight_emulated_workers_do_what_the_simulator_predicts(run_job, tmp_path):
     """Calibrate on a clean cluster, predict the one with transient stragglers.
 

@@ -181,6 +181,7 @@ def test_ratios_to_bsp_where_bsp_or_the_other_falls_short():
     assert rows["ASP"]["vs_bsp_0.9"] == pytest.approx(0.25)
 
 
+@pytest.mark.long
 def test_demo_quick_runs_end_to_end_and_prints_its_table(tmp_path):
     """make demo in its short form: five paradigms on the emulated mixed pair, the table, both
     plots, and the one-line takeaway; DSSP as published passes s_U, the bounded rule never."""

@@ -121,6 +121,7 @@ def test_imagenet_record_files_train_and_test(jobs, tmp_path):
     assert result["accuracy_curve"][-1]["test_accuracy"] in [i / 10 for i in range(11)]
 
 
+@pytest.mark.long
 def test_resume_continues_exactly_like_an_uninterrupted_run(jobs, tmp_path):
     """2 epochs in one go vs 1 epoch, a checkpoint, and --resume for the second: same losses at
     every iteration and the same final weights (the rate decays at epoch 1: the schedule too)."""

@@ -122,6 +122,7 @@ def test_allreduce_calibration_in_real_horovod_jobs():
     assert out["cpu_fit"]["per_byte"] > 0
 
 
+@pytest.mark.long
 def test_predictions_match_two_real_jobs(calibration, tmp_path):
     """dist_bsp and dist_asp, 2 workers x 1 server, LeNet computing real gradients on
     emulated 100 ms devices: the model's time per iteration within the paper's 25%.  The
@@ -215,6 +216,7 @@ def test_validate_dcs3gd_scores_a_bench_result(calibration, tmp_path):
     assert 1.6 < loaded["predicted_ratio"] < 2.0 and loaded["measured_ratio"] == pytest.approx(0.22 / 0.12)
 
 
+@pytest.mark.long
 def test_validate_measures_dcs3gd_against_ssgd_itself(calibration, tmp_path, jobs):
     """After its grid (here one short job), validate runs dist_ssgd and dist_dcs3gd on 2
     Horovod workers in both regimes (here on the simulated 100 ms device only, one trial of a

@@ -312,6 +312,7 @@ def test_an_always_late_servers_blocks_keep_training_with_b_below_one(run_job, t
     assert min(r["test_accuracy"] for r in results) >= 0.3, results
 
 
+@pytest.mark.long
 def test_c_equal_n_b_one_drops_nothing_with_late_replies_8_workers(run_job, tmp_path):
     """The late-reply experiment's Sync row, shortened: 8 workers, 4 servers, c = n, b = 1.
 

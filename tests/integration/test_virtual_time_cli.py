@@ -76,6 +76,7 @@ def test_sixteen_virtual_workers_train_lenet_in_under_a_minute(sixteen):
     assert "| transient | SSP s=3 |" in (out / "results.md").read_text()
 
 
+@pytest.mark.long
 def test_a_study_run_in_parts_resumes_into_one_runs_json(tmp_path):
     """--resume keeps the records already in --out and runs only the plan's others: a study
     run a part at a time (or one that stopped) ends with one runs.json and one table."""
@@ -104,6 +105,7 @@ def test_a_study_run_in_parts_resumes_into_one_runs_json(tmp_path):
     assert json.loads((other / "runs.json").read_text())["runs"] == []
 
 
+@pytest.mark.long
 def test_runs_in_two_processes_give_the_same_records_as_in_one(tmp_path, sixteen):
     """--jobs 2 runs paradigms side by side (the 16-worker run); each run's curve,
     iterations and staleness are those of --jobs 1, bit for bit, and runs.json keeps the

@@ -99,7 +99,7 @@ def summarise(runs: list[dict]) -> list[dict]:
         rows.append({"workers": workers, "lr": lr, "store": store, "runs": len(mine),
                      "median_accuracy": round(float(np.median(acc)), 4),
                      "diverged": sum(a < DIVERGED for a in acc),
-                     "accuracies": " ".join(f"{a:.3f}" for a in acc),
+                     "accuracies": " ".join(f"{a:.4f}" for a in acc),
                      **_staleness(mine)})
     return rows
 
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
              "staleness mean | p99 | max |", "| ---: | ---: | --- | ---: | ---: | ---: | --- | "
              "---: | ---: | ---: |"]
     lines += [f"| {r['workers']} | {r['lr']} | {r['store']} | {r['runs']} | "
-              f"{r['median_accuracy']:.3f} | {r['diverged']} | {r['accuracies']} | "
+              f"{r['median_accuracy']:.4f} | {r['diverged']} | {r['accuracies']} | "
               f"{r['staleness_mean']} | {r['staleness_p99']} | {r['staleness_max']} |"
               for r in rows]
     table = "\n".join(lines) + "\n"

@@ -20,10 +20,12 @@ multiply the learning rate by the number of workers to compare with it.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
 import time
+import weakref
 
 import mxnet as mx
 import numpy as np
@@ -170,6 +172,10 @@ class HorovodStore(MXNetCalls, KVStoreBase):
                                     probe)
         if self.num_workers > 1:
             self._stall.start()
+        # a script's last step leaves its allreduces in flight; Horovod's own exit handler,
+        # registered by hvd.init above, would shut Horovod down under them (they fail, or the
+        # exit hangs).  Handlers run last-registered first: this one waits for them before.
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     # -- what MXNet asks for ------------------------------------------------------------------
     @property
@@ -428,8 +434,31 @@ class HorovodStore(MXNetCalls, KVStoreBase):
         return write_json(os.path.dirname(os.path.abspath(path)), os.path.basename(path), data)
 
     def close(self):
-        self._stall.stop()
-        mx.nd.waitall()
+        """Wait for this worker's allreduces still in flight (a hung one is reported as while
+        training), then stop watching.  A collective that failed is an error naming the key."""
+        try:
+            for k, st in list(self._keys.items()):
+                if st.reduced is not None:
+                    try:
+                        st.reduced.wait_to_read()
+                    except mx.base.MXNetError as exc:
+                        raise KVStoreError(f"{self._type} worker {self.rank}: an allreduce of "
+                                           f"key {k!r} failed (the last one started at step "
+                                           f"{st.step - 1}): "
+                                           f"{str(exc).strip().splitlines()[0]}") from exc
+            mx.nd.waitall()
+        finally:
+            self._stall.stop()
+
+
+def _close_at_exit(ref) -> None:
+    store = ref()
+    if store is None:
+        return
+    try:
+        store.close()
+    except KVStoreError as exc:      # at exit: say it plainly, once, rather than a traceback
+        print(f"kvstore_ext {exc}", file=sys.stderr, flush=True)
 
 
 class DCS3GDStore(HorovodStore):

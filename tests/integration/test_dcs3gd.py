@@ -342,6 +342,37 @@ def test_an_allreduce_that_does_not_end_is_reported_with_every_threads_stack(run
     assert time.monotonic() - t0 < 60
 
 
+LAST_STEP_AT_EXIT = """
+import sys, mxnet as mx
+from mxnet import autograd, gluon
+import kvstore_ext
+kv = kvstore_ext.create(sys.argv[1])
+net = gluon.nn.Dense(4096, in_units=1024)     # 4 M weights: the last allreduce still runs at exit
+net.initialize(mx.init.Constant(0.01))
+trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=kv)
+for step in range(3):
+    with autograd.record():
+        loss = net(mx.nd.ones((2, 1024))).sum()
+    loss.backward()
+    trainer.step(2)
+print(f"worker {kv.rank} done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("store", ["dist_ssgd", "dist_dcs3gd"])
+def test_a_script_that_ends_right_after_its_last_step_exits_cleanly(run_hvd, tmp_path, store):
+    """A script's last ``trainer.step`` returns with its allreduces in flight.  Horovod's own
+    exit handler shut Horovod down under them: every run printed "Horovod has been shut down"
+    from MXNet's exit handler, and now and then the job never ended.  The store waits for
+    them first."""
+    script = tmp_path / "last_step.py"
+    script.write_text(LAST_STEP_AT_EXIT)
+    code, log = run_hvd([str(script), store], timeout=120)
+    assert code == 0, log[-3000:]
+    assert "worker 0 done" in log and "worker 1 done" in log, log[-3000:]
+    assert "shut down" not in log and "Exception ignored" not in log, log[-3000:]
+
+
 def test_a_bad_stall_bound_is_an_error_naming_it():
     import kvstore_ext
     os.environ["KVX_STALL_REPORT_S"] = "soon"

@@ -695,6 +695,14 @@ class ServerOptimizer:
             for state in self.updater.states.values():
                 self.optimizer.forget(state, worker)
 
+    def set_learning_rate(self, lr: float) -> None:
+        """The workers' new learning rate (``gluon.Trainer.set_learning_rate``), for every
+        update from now on; a worker pool scales it as it scaled the one before."""
+        if self.optimizer.lr_scheduler is not None:
+            raise ValueError(f"cannot set the learning rate to {lr}: the optimizer's "
+                             f"lr_scheduler sets it")
+        self.optimizer.lr = self.base_hyper["lr"] = float(lr)
+
     def tune(self, lr_scale: float, momentum) -> None:
         """Scale the learning rate the workers set by ``lr_scale``; set ``momentum`` (a
         function of the workers' momentum), for a worker pool."""

@@ -11,6 +11,8 @@ names one block of one key.  Its fields by op:
 ``pushpull``   ``stamp, wanted version`` (one buffer each)
 ``pull``       ``[key, block, dtype, size]``, then for ``dist_psp``
                ``-1, wanted version``
+``set_lr``     ``lr``: the learning rate the workers' optimizer now has
+               (``gluon.Trainer.set_learning_rate``), no items
 others         no items (``set_optimizer``, ``set_states``: one buffer)
 =============  ==========================================================
 
@@ -53,6 +55,7 @@ class Op:
     PUSHPULL = "pushpull"
     PULL = "pull"
     SET_OPTIMIZER = "set_optimizer"
+    SET_LR = "set_lr"
     GET_STATES = "get_states"
     SET_STATES = "set_states"
     STATS = "stats"
@@ -75,7 +78,7 @@ class Op:
 
 
 ITEM_OPS = (Op.INIT, Op.PUSH, Op.PUSHPULL, Op.PULL)
-OTHER_OPS = (Op.SET_OPTIMIZER, Op.GET_STATES, Op.SET_STATES, Op.STATS, Op.HELLO)
+OTHER_OPS = (Op.SET_OPTIMIZER, Op.SET_LR, Op.GET_STATES, Op.SET_STATES, Op.STATS, Op.HELLO)
 SCHEDULER_OPS = (Op.REGISTER, Op.HEARTBEAT, Op.BARRIER, Op.FINALIZE)
 
 #: the fields of an item (a list, so that a header stays small JSON)
@@ -108,6 +111,10 @@ def check_request(header: dict, num_workers: int) -> None:
     _int(header.get("worker"), "worker", 0, num_workers - 1)
     if not isinstance(header.get("reply_to"), str) or len(header["reply_to"]) > 200:
         raise ProtocolError("reply_to must be a string")
+    if op == Op.SET_LR:
+        lr = header.get("lr")
+        if type(lr) not in (int, float) or not math.isfinite(lr) or lr < 0:
+            raise ProtocolError(f"set_lr: lr must be a finite number >= 0, got {lr!r:.80}")
     if op not in ITEM_OPS:
         return
     items = header.get("items")

@@ -272,6 +272,7 @@ class Server:
         self.running = True
         self.ops = {Op.INIT: self.op_init, Op.PUSH: self.op_push, Op.PUSHPULL: self.op_push,
                     Op.PULL: self.op_pull, Op.SET_OPTIMIZER: self.op_set_optimizer,
+                    Op.SET_LR: self.op_set_lr,
                     Op.GET_STATES: self.op_get_states, Op.SET_STATES: self.op_set_states,
                     Op.STATS: self.op_stats, Op.HELLO: self.op_hello}
         self.timers: list = []            # (due, n, callback): round deadlines, late replies
@@ -980,6 +981,17 @@ class Server:
             optimizer = pickle.loads(blob)   # authenticated by the job secret (see transport)
             self._use_updater(optimizer)
             self.optimizer_blob = blob
+        self.reply(ident, header["seq"], worker=header["worker"])
+
+    def op_set_lr(self, ident, header, buffers) -> None:
+        """A worker's optimizer has a new learning rate: the updates applied from now on use it
+        (a worker sends it after every earlier push of its own has been answered)."""
+        if self.optimizer is None:
+            raise RequestError("set an optimizer before setting its learning rate")
+        try:
+            self.optimizer.set_learning_rate(header["lr"])
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
         self.reply(ident, header["seq"], worker=header["worker"])
 
     def op_get_states(self, ident, header, buffers) -> None:

@@ -81,6 +81,10 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         self._meta: dict = {}          # key -> (shape, dtype)
         self._key_type = None          # int or str: MXNet does not mix them in one store
         self._updater = None           # gluon.Trainer.load_states reads _updater.optimizer
+        #: the optimizer whose ``lr`` the servers follow (the one gluon.Trainer holds), and the
+        #: rate they were last given: MXNet's own stores never see a later change (apache/mxnet
+        #: issue 15919); these send it before the next push
+        self._lr_source, self._servers_lr = None, None
         self._metrics = WorkerMetrics()
         self._deferred_error: Exception | None = None
         #: a worker pool's last word to this worker (``dist_pool``): ``batch_size`` of its
@@ -221,6 +225,9 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
             raise KVStoreError(f"{self.type} is asynchronous: the servers update the weights, so "
                                f"call set_optimizer before push or pushpull (gluon.Trainer does, "
                                f"with update_on_kvstore=True)")
+        if op != Op.PULL and self._lr_source is not None and \
+                self._lr_source.lr != self._servers_lr:
+            self._send_learning_rate()
         # _plan reads the gradients, which waits for MXNet's engine to finish computing them:
         # that time is compute, so the clock for waiting on the store starts after it
         plan = self._plan(op, pairs)
@@ -457,6 +464,32 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         self._conn.request({s: ({"op": Op.SET_OPTIMIZER}, [blob])
                             for s in range(self.num_servers)})
         self._updater = mx.optimizer.get_updater(optimizer)
+        self._follow_learning_rate(optimizer)
+
+    def _follow_learning_rate(self, optimizer) -> None:
+        """The servers run a copy of ``optimizer``: from now on a change of its ``lr`` (what
+        ``trainer.set_learning_rate`` does) reaches them before the next push."""
+        self._lr_source, self._servers_lr = optimizer, optimizer.lr
+
+    def _send_learning_rate(self) -> None:
+        """Give the servers the optimizer's new rate once this worker's earlier pushes are
+        answered, so that it applies to this push and later ones, never to earlier ones."""
+        opt = self._lr_source
+        lr = opt.lr
+        if opt.lr_scheduler is not None:   # the scheduler, on the servers, sets the rate
+            self._servers_lr = lr
+            return
+        try:
+            valid = math.isfinite(lr) and lr >= 0
+        except TypeError:
+            valid = False
+        if not valid:
+            raise KVStoreError(f"{self.type}: the optimizer's learning rate must be a finite "
+                               f"number >= 0, got {lr!r}")
+        self._settle()
+        self._conn.request({s: ({"op": Op.SET_LR, "lr": float(lr)}, [])
+                            for s in range(self.num_servers)})
+        self._servers_lr = lr
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
         """Gather the servers' optimizer states into MXNet's Updater file format."""
@@ -505,8 +538,11 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
                     per_server[b.server][key] = _slice_state(state, b.start, b.stop)
             self._conn.request({s: ({"op": Op.SET_STATES}, [pickle.dumps((st, optimizer))])
                                 for s, st in per_server.items()})
-        if optimizer is not None or self._updater is None:
-            self._updater = mx.optimizer.get_updater(optimizer or mx.optimizer.SGD())
+        if optimizer is not None:   # the servers now run the file's optimizer
+            self._updater = mx.optimizer.get_updater(optimizer)
+            self._follow_learning_rate(optimizer)
+        elif self._updater is None:
+            self._updater = mx.optimizer.get_updater(mx.optimizer.SGD())
         self._updater.states = states
 
     # -- job ----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Store semantics with real scheduler, server and worker processes on 127.0.0.1."""
 import glob
 import os
+import subprocess
 
 import mxnet as mx
 import numpy as np
@@ -190,6 +191,35 @@ def test_stock_trainer_on_two_devices_with_split_keys_equals_native_dist_sync(ru
     ref = weights["dist_sync"][0]
     for rank in range(2):
         got = weights["dist_bsp"][rank]
+        assert got.keys() == ref.keys()
+        for k in ref:
+            rel = np.abs(got[k] - ref[k]).max() / max(np.abs(ref[k]).max(), 1e-12)
+            assert rel <= 1e-5, f"worker {rank} {k}: relative difference {rel}"
+
+
+@pytest.mark.parametrize("store,workers", [("dist_bsp", 2), ("dist_asp", 1), ("dist_psp", 2)])
+def test_set_learning_rate_reaches_the_servers(run_job, tmp_path, store, workers):
+    """A step decay by ``trainer.set_learning_rate`` (LeNet on MNIST, lr 0.05, momentum 0.9,
+    x0.1 after step 10, x0.01 after step 20, keys split over 2 servers) with the update on the
+    servers gives the weights of MXNet's own trainer updating in one process on the workers'
+    summed gradients (its local store, a device per worker).  MXNet's own servers never see
+    the new rate (apache/mxnet issue 15919): under dist_sync they end up to 100% off these."""
+    script = os.path.join(JOBS, "lr_decay.py")
+    ref_out = str(tmp_path / "local")
+    done = subprocess.run([sys.executable, script, "local", ref_out, "--local-workers",
+                           str(workers)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ref = {k: v.asnumpy() for k, v in mx.nd.load(f"{ref_out}.0.params").items()}
+    out = str(tmp_path / store)
+    code, log = run_job(workers, 2, [script, store, out], timeout=300,
+                        env={"KVX_BIGARRAY_BOUND": "10000"})   # the dense layers are split
+    assert code == 0, log[-3000:]
+    for name in (ref_out, out):
+        info = read_json(f"{name}.0.json")
+        assert info["update_on_kvstore"] is (name == out), (name, info)
+        assert info["rates"][9] == 0.05 and info["rates"][10] == pytest.approx(0.005), info
+    for rank in range(workers):
+        got = {k: v.asnumpy() for k, v in mx.nd.load(f"{out}.{rank}.params").items()}
         assert got.keys() == ref.keys()
         for k in ref:
             rel = np.abs(got[k] - ref[k]).max() / max(np.abs(ref[k]).max(), 1e-12)

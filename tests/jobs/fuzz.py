@@ -25,8 +25,8 @@ from kvstore_ext.ps.scheduler import OPS, ROLES
 from kvstore_ext.ps.transport import Codec
 
 LR = 2.0 ** -6
-OPS_SERVER = ["init", "push", "pushpull", "pull", "set_optimizer", "get_states", "set_states",
-              "stats", "hello"]
+OPS_SERVER = ["init", "push", "pushpull", "pull", "set_optimizer", "set_lr", "get_states",
+              "set_states", "stats", "hello"]
 
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70),
                       st.floats(allow_nan=False), st.text(max_size=20))
@@ -42,6 +42,7 @@ server_header = st.fixed_dictionaries(
               "reply_to": st.one_of(st.text(max_size=30), json_value),
               "items": st.one_of(st.lists(item, max_size=5), json_value),
               "has_value": st.one_of(st.booleans(), json_value),
+              "lr": st.one_of(st.floats(), json_value),
               "_layout": json_value})
 sched_header = st.fixed_dictionaries(
     {"op": st.one_of(st.sampled_from(list(OPS) + ["abort", "node_dead"]), json_value)},
@@ -59,7 +60,8 @@ def server_harmless(header: dict, workers: int) -> bool:
         check_request(header, workers)
     except Exception:
         return True
-    return header["op"] not in ("init", "push", "pushpull", "set_optimizer", "set_states")
+    return header["op"] not in ("init", "push", "pushpull", "set_optimizer", "set_lr",
+                                "set_states")
 
 
 def scheduler_harmless(header: dict, workers: int) -> bool:

@@ -102,6 +102,11 @@ def _int(value, name: str, low: int = 0, high: int | None = None) -> int:
     return value
 
 
+def valid_lr(lr) -> bool:
+    """Whether ``lr`` is a learning rate a server takes (``set_lr``): a finite number >= 0."""
+    return type(lr) in (int, float) and math.isfinite(lr) and lr >= 0
+
+
 def check_request(header: dict, num_workers: int) -> None:
     """Raise :class:`ProtocolError` unless ``header`` is a well-formed request."""
     op = header.get("op")
@@ -113,7 +118,7 @@ def check_request(header: dict, num_workers: int) -> None:
         raise ProtocolError("reply_to must be a string")
     if op == Op.SET_LR:
         lr = header.get("lr")
-        if type(lr) not in (int, float) or not math.isfinite(lr) or lr < 0:
+        if not valid_lr(lr):
             raise ProtocolError(f"set_lr: lr must be a finite number >= 0, got {lr!r:.80}")
     if op not in ITEM_OPS:
         return

@@ -38,7 +38,7 @@ from ..keys import refuse_sparse
 from ..metrics import WorkerMetrics, write_json
 from .partition import Partitioner
 from ..policies.psp import HeldVersions, PartialPull, resolve_min_pushes
-from .protocol import BLOCK, KEY, Op
+from .protocol import BLOCK, KEY, Op, valid_lr
 
 log = logging.getLogger("kvstore_ext")
 
@@ -480,14 +480,14 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
             self._servers_lr = lr
             return
         try:
-            valid = math.isfinite(lr) and lr >= 0
-        except TypeError:
-            valid = False
-        if not valid:
+            rate = float(lr)
+        except (TypeError, ValueError):
+            rate = math.nan
+        if not valid_lr(rate):
             raise KVStoreError(f"{self.type}: the optimizer's learning rate must be a finite "
                                f"number >= 0, got {lr!r}")
         self._settle()
-        self._conn.request({s: ({"op": Op.SET_LR, "lr": float(lr)}, [])
+        self._conn.request({s: ({"op": Op.SET_LR, "lr": rate}, [])
                             for s in range(self.num_servers)})
         self._servers_lr = lr
 

@@ -536,18 +536,15 @@ def simulated_run(store: str, params: dict, devices, host: float, comm: float, p
     # up to 21% at dist_asp's knee (2026-11-29)
     r = simulate(store, params, [fastest / t for t in times], horizon, base_time=fastest,
                  seed=seed, reply_hold=0.0,
-                 **simulator_delays(store, comm, push_s, apply_s, workers))
+                 **simulator_delays(comm, push_s, apply_s))
     return workers * horizon / max(r.total_iterations, 1), r
 
 
-def simulator_delays(store: str, comm: float, push_s: float, apply_s: float,
-                     workers: int) -> dict:
+def simulator_delays(comm: float, push_s: float, apply_s: float) -> dict:
     """The simulator's ``latency``, ``service`` and ``apply_time`` for a worker's exchange of
     ``comm`` seconds (its CPU and the link) and a server that spends ``push_s`` per push and
-    ``apply_s`` per application; ``dist_psp``'s per-block rounds take the server's round as a
-    delay (its servers have no queue in the simulator)."""
-    if store == "dist_psp":
-        return {"latency": comm + workers * push_s + apply_s}
+    ``apply_s`` per application (``dist_psp``'s per-block rounds take the server's round, a
+    push from every worker and the application, as a delay: no queue is simulated there)."""
     return {"latency": comm, "service": push_s, "apply_time": apply_s}
 
 
@@ -564,8 +561,7 @@ def message_delays(calibration: dict, model: str, store: str, workers: int, serv
         batch_size=batch_size, host_s=0.0, device_s=0.0, elements=profile.params,
         **placement_inputs(place), costs=costs)
     push_s, apply_s = server_service(costs, place)
-    return simulator_delays(store, float(parts["worker CPU"] + parts["worker link"]), push_s,
-                            apply_s, workers)
+    return simulator_delays(float(parts["worker CPU"] + parts["worker link"]), push_s, apply_s)
 
 
 def epoch_seconds(samples_per_s: float, dataset_size: int) -> float:

@@ -36,10 +36,33 @@ class Job:
         try:
             self.output, _ = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            stacks = self.stacks()
             self.kill()
             self.output, _ = self.proc.communicate()
-            raise AssertionError(f"job did not finish within {timeout} s:\n{self.output[-4000:]}")
+            raise AssertionError(f"job did not finish within {timeout} s:\n{self.output[-4000:]}"
+                                 f"\n{stacks}")
         return self.proc.returncode
+
+    def stacks(self) -> str:
+        """Every process of the job's Python stacks (py-spy), taken before it is killed: what
+        a hung job waits on, which its log, ending where it stopped, cannot say."""
+        import psutil
+        try:
+            procs = [psutil.Process(self.proc.pid)]
+            procs += procs[0].children(recursive=True)
+        except psutil.Error:
+            return ""
+        spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+        dumps = []
+        for p in procs:
+            try:
+                cmd = " ".join(p.cmdline())[:200]
+                out = subprocess.run([spy, "dump", "--pid", str(p.pid)], capture_output=True,
+                                     text=True, timeout=30).stdout
+            except (psutil.Error, OSError, subprocess.SubprocessError) as exc:
+                out = f"(no stack: {exc})"
+            dumps.append(f"--- pid {p.pid}: {cmd}\n{out[-3000:]}")
+        return "stacks of the job's processes when it was stopped:\n" + "\n".join(dumps)
 
     def kill(self) -> None:
         try:

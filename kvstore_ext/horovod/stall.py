@@ -15,32 +15,11 @@ thread's stack (:mod:`faulthandler`), and lets the job go on: a peer that is onl
 """
 from __future__ import annotations
 
-import faulthandler
-import math
-import os
-import sys
 import threading
 import time
 from typing import NamedTuple
 
-#: seconds an allreduce may run before a report (default 120; 0 turns the reports off)
-STALL_ENV = "KVX_STALL_REPORT_S"
-DEFAULT_AFTER_S = 120.0
-
-
-def after_seconds(environ=None) -> float:
-    """The reporter's bound from ``KVX_STALL_REPORT_S``; a bad value is an error naming it."""
-    raw = (os.environ if environ is None else environ).get(STALL_ENV, "")
-    if not raw.strip():
-        return DEFAULT_AFTER_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{STALL_ENV}={raw!r}: expected seconds, a number >= 0 (0 turns the "
-                         f"reports off)")
-    return value
+from ..stalls import look_period, report
 
 
 class Started(NamedTuple):
@@ -102,18 +81,10 @@ class StallReporter:
             return False
         self._reported = watched
         self.reports += 1
-        out = self.out or sys.stderr
         # the probe waits for whatever wrote the array before it was pushed: the allreduce
         # watched, or one of the key's next ones if the store had moved on by then
-        print(f"kvstore_ext {self.describe()}: an allreduce of key {watched.key!r} (step "
-              f"{watched.step} or later) has not ended after {ran:.0f} s. Unless another worker is "
-              f"busy elsewhere (evaluating, saving), a peer or the allreduce is hung; every "
-              f"thread's stack follows ({STALL_ENV} sets this bound; 0 turns it off).",
-              file=out, flush=True)
-        try:
-            faulthandler.dump_traceback(file=out, all_threads=True)
-        except (AttributeError, ValueError, OSError):   # no file descriptor behind ``out``
-            pass
+        report(f"kvstore_ext {self.describe()}: an allreduce of key {watched.key!r} (step "
+               f"{watched.step} or later) has not ended after {ran:.0f} s.", self.out)
         return True
 
     def start(self) -> "StallReporter":
@@ -124,8 +95,7 @@ class StallReporter:
         return self
 
     def _run(self) -> None:
-        # several looks within the bound: a report comes at most a quarter of it late
-        period = min(5.0, max(0.05, self.after_s / 4))
+        period = look_period(self.after_s)
         while not self._stop.wait(period):
             self.look()
 

@@ -39,7 +39,8 @@ from ..keys import MXNetCalls, as_list as _as_list, check_key as _check_key, pai
 from ..keys import refuse_sparse
 from ..metrics import WorkerMetrics, write_json
 from .overlap import OverlapMeter
-from .stall import StallReporter, after_seconds
+from ..stalls import after_seconds
+from .stall import StallReporter
 
 #: seconds of simulated communication per step (spread over the keys by size); tests, benches
 SIM_COMM_ENV = "KVX_SIM_COMM_S"

@@ -15,7 +15,9 @@ import atexit
 import contextlib
 import itertools
 import logging
+import math
 import os
+import sys
 import threading
 import time
 
@@ -23,6 +25,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ..jobenv import JobEnv
+from ..stalls import after_seconds, look_period, report
 from ..registry import StoreConfig
 from ..errors import (JobAbortedError, KVStoreError, NodeLostError, SchedulerLostError,  # noqa: F401
                      ServerLostError, WorkerLostError)
@@ -59,10 +62,14 @@ class Ticket:
     """One awaited reply, or the parts of one (``dist_psp`` answers block by block)."""
 
     __slots__ = ("event", "header", "buffers", "error", "error_type", "parts", "versions",
-                 "expected", "abandoned", "late", "nbytes")
+                 "expected", "abandoned", "late", "nbytes", "since", "server", "request")
 
-    def __init__(self, nbytes: int = 0):
+    def __init__(self, nbytes: int = 0, since: float = 0.0, server: int | None = None,
+                 request: dict | None = None):
         self.event = threading.Event()
+        self.since = since                    # when it was sent (monotonic)
+        self.server = server                  # whom it was sent to (None: the scheduler)
+        self.request = request                # its header: what a stall report names
         self.header = None
         self.buffers = None
         self.error: str | None = None
@@ -94,6 +101,63 @@ class Ticket:
             self.event.set()
 
 
+class UnansweredRequests:
+    """Which awaited reply to report as stalled (:mod:`kvstore_ext.stalls`).
+
+    The oldest request still awaited is reported once it has waited ``after_s``; then no
+    other until ``after_s`` more has passed, so one hang gives one report, not one per
+    request in flight.  A partial pull that went on without the rest is not awaited.  Pure
+    logic on the tickets and a time, for the link thread and the tests."""
+
+    def __init__(self, after_s: float):
+        self.after_s = float(after_s)
+        self.reported: Ticket | None = None
+        self.last_report = -math.inf
+
+    @staticmethod
+    def awaited(tickets) -> list:
+        return [t for t in tickets if not t.abandoned and not t.event.is_set()]
+
+    def due(self, tickets, now: float) -> "Ticket | None":
+        """The ticket to report now, if any."""
+        if self.after_s <= 0 or now - self.last_report < self.after_s:
+            return None
+        waiting = self.awaited(tickets)
+        if not waiting:
+            return None
+        oldest = min(waiting, key=lambda t: t.since)
+        if oldest is self.reported or now - oldest.since < self.after_s:
+            return None
+        self.reported, self.last_report = oldest, now
+        return oldest
+
+    def answered(self) -> "Ticket | None":
+        """The reported ticket once its reply has come (once): the wait was only long."""
+        ticket = self.reported
+        if ticket is not None and ticket.event.is_set():
+            self.reported = None
+            return ticket
+        return None
+
+
+def describe_request(ticket: Ticket) -> str:
+    """"a pushpull of keys 0, 1 sent to server 1 (request 812)": what a stall report names."""
+    request = ticket.request or {}
+    keys = {item[0] for item in request.get("items", ())
+            if isinstance(item, (list, tuple)) and item}
+    try:
+        keys = sorted(keys)
+    except TypeError:      # ints and names mixed
+        keys = sorted(keys, key=str)
+    what = f"a {request.get('op', 'request')}"
+    if keys:
+        shown = ", ".join(map(str, keys[:8])) + (", ..." if len(keys) > 8 else "")
+        what += f" of key{'s' if len(keys) > 1 else ''} {shown}"
+    to = "the scheduler" if ticket.server is None else f"server {ticket.server}"
+    seq = request.get("seq")
+    return f"{what} sent to {to}" + ("" if seq is None else f" (request {seq})")
+
+
 class LinkThread(threading.Thread):
     """Receives replies and scheduler notices, watches the connections, sends heartbeats."""
 
@@ -113,6 +177,9 @@ class LinkThread(threading.Thread):
             poller.register(sock, zmq.POLLIN)
         interval = conn.env.heartbeat_interval
         next_beat = 0.0
+        watch = UnansweredRequests(conn.stall_after)
+        period = look_period(watch.after_s)
+        next_look = time.monotonic() + period
         try:
             while not self.stopping.is_set():
                 now = time.monotonic()
@@ -121,6 +188,9 @@ class LinkThread(threading.Thread):
                         {"op": Op.HEARTBEAT, "role": "worker", "rank": conn.rank},
                         to="scheduler", outbox=hb_out))
                     next_beat = now + interval
+                if watch.after_s > 0 and now >= next_look:
+                    next_look = now + period
+                    self._look(watch, now)
                 events = dict(poller.poll(int(min(interval, 0.2) * 1000)))
                 for sock, inbox in zip(self.rx, self.rx_in):
                     if sock in events:
@@ -138,6 +208,27 @@ class LinkThread(threading.Thread):
         finally:
             for sock in (self.hb, *self.rx, *self.monitors):
                 sock.close(0)
+
+    def _look(self, watch: UnansweredRequests, now: float) -> None:
+        """Report a request that has waited past the bound, with every thread's stack; say
+        when the reply to one reported comes after all."""
+        conn = self.conn
+        if conn.failure:      # the job stops: its error says why
+            return
+        who = f"kvstore_ext {conn.store.type} worker {conn.rank}"
+        done = watch.answered()
+        if done is not None:
+            print(f"{who}: the reply to {describe_request(done)} came after about "
+                  f"{now - done.since:.0f} s; the job goes on.", file=sys.stderr, flush=True)
+        tickets = list(conn.tickets.values())    # one C-level copy: safe while others change it
+        if conn.scheduler_wait is not None:
+            tickets.append(conn.scheduler_wait)
+        ticket = watch.due(tickets, now)
+        if ticket is not None:
+            more = len(watch.awaited(tickets)) - 1
+            report(f"{who}: {describe_request(ticket)} has had no reply after "
+                   f"{now - ticket.since:.0f} s" + (f" ({more} more requests are waiting)."
+                                                    if more else "."))
 
     @staticmethod
     def _disconnected(monitor) -> bool:
@@ -198,6 +289,8 @@ class Connection:
 
     def __init__(self, store: StoreConfig, env: JobEnv | None = None):
         self.env = env or JobEnv.from_environ("worker")
+        self.stall_after = after_seconds()   # a bad value is an error before the job starts
+        self.scheduler_wait: Ticket | None = None   # a barrier under way: reported as stalled too
         self.limits = Limits.for_job(self.env)
         start_timeout = self.env.start_timeout
         self.node = f"node:{os.urandom(6).hex()}"
@@ -372,7 +465,7 @@ class Connection:
             header["seq"] = seq
             header["worker"] = self.rank
             header["reply_to"] = self.rx_names[server]
-            ticket = Ticket(nbytes)
+            ticket = Ticket(nbytes, time.monotonic(), server, header)
             ticket.expected = len(header.get("items", ()))
             self.tickets[seq] = ticket
             if self.failure:   # set while we waited: the ticket would never be answered
@@ -453,6 +546,16 @@ class Connection:
         header = {**header, "role": "worker", "rank": self.rank}
         self.sched.send_multipart(self.codec.seal(header, to="scheduler", outbox=self.sched_out))
         deadline = None if timeout is None else time.monotonic() + timeout
+        if deadline is None:   # a barrier waits for every worker: a hung one is reported
+            self.scheduler_wait = Ticket(0, time.monotonic(), None, header)
+        try:
+            return self._scheduler_reply(header, timeout, deadline)
+        finally:
+            if self.scheduler_wait is not None:
+                self.scheduler_wait.event.set()
+                self.scheduler_wait = None
+
+    def _scheduler_reply(self, header, timeout, deadline) -> dict:
         while True:
             if self.sched.poll(200):
                 try:

@@ -144,3 +144,34 @@ def test_a_pull_right_after_a_push_always_fills_a_fresh_array(run_job, kvstore):
     checks = re.findall(r"PULLCHECK worker \d+ bad (\d+) of 80", log)
     assert len(checks) == 7 and code == 0, log[-3000:]
     assert all(c == "0" for c in checks), log[-3000:]
+
+
+def test_a_reply_that_does_not_come_is_reported_with_every_threads_stack(run_job):
+    """Worker 1 stays away 8 s twice: worker 0's step-1 pushpull waits for it (a synchronous
+    round), then its barrier.  Each wait is reported after the bound (2 s here), naming the
+    request, with the stacks (the pushpull then said to have ended); worker 1 reports nothing, and the job
+    ends as usual.  Before, such a wait printed nothing, for ever if the peer was hung."""
+    t0 = time.monotonic()
+    code, log = run_job(2, 1, [os.path.join(JOBS, "busy_elsewhere.py"), "dist_bsp", "8",
+                                      "--barrier"],
+                        env={"KVX_STALL_REPORT_S": "2"}, timeout=120)
+    assert code == 0, log[-3000:]
+    reports = re.findall(r"kvstore_ext dist_bsp worker (\d): (a \w+(?: of keys? [\d, ]+)?) sent "
+                         r"to (server 0 \(request \d+\)|the scheduler) has had no reply after "
+                         r"(\d+) s", log)
+    assert {w for w, *_ in reports} == {"0"}, log[-3000:]
+    assert [what.split()[1] for _, what, _, _ in reports] == ["pushpull", "barrier"], reports
+    assert all(2 <= int(t) < 8 for *_, t in reports), reports
+    assert "Thread 0x" in log and "busy_elsewhere.py" in log      # the stacks
+    # (the barrier's end is not said: the script ends right after it)
+    assert re.search(r"worker 0: the reply to a pushpull of keys? [\d, ]+ sent to server 0 "
+                     r"\(request \d+\) came after about [5-9] s; the job goes on", log), log[-3000:]
+    assert "worker 0 passed the barrier" in log and "worker 1 passed the barrier" in log
+    assert time.monotonic() - t0 < 60
+
+
+def test_a_bad_stall_bound_stops_the_worker_with_an_error_naming_it(run_job):
+    code, log = run_job(1, 1, [os.path.join(JOBS, "busy_elsewhere.py"), "dist_asp"],
+                        env={"KVX_STALL_REPORT_S": "soon"}, timeout=120)
+    assert code != 0
+    assert "KVX_STALL_REPORT_S='soon': expected seconds" in log, log[-3000:]

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from kvstore_ext.horovod.stall import DEFAULT_AFTER_S, STALL_ENV, StallReporter, after_seconds
+from kvstore_ext.horovod.stall import StallReporter
+from kvstore_ext.stalls import DEFAULT_AFTER_S, STALL_ENV, after_seconds
 
 
 class Clock:

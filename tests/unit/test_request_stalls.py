@@ -1,0 +1,82 @@
+"""The parameter-server stores' stall check on hand-set times: the oldest awaited request is
+reported once past the bound, one report per bound whatever is in flight, and a request that
+is answered, or a partial pull that went on, is not reported."""
+from hypothesis import given, settings, strategies as st
+
+from kvstore_ext.ps.link import Ticket, UnansweredRequests, describe_request
+
+
+def ticket(since, seq=1, op="pushpull", keys=(0,), server=0):
+    items = [[k, 0, "<f4", 10] for k in keys]
+    return Ticket(40, since, server, {"op": op, "items": items, "seq": seq})
+
+
+def test_the_oldest_awaited_request_is_reported_once_past_the_bound():
+    watch = UnansweredRequests(10.0)
+    old, new = ticket(100.0, seq=7, keys=(3, 1, 3)), ticket(105.0, seq=8)
+    assert watch.due([new, old], 109.9) is None          # 9.9 s: under the bound
+    assert watch.due([new, old], 110.0) is old
+    assert describe_request(old) == "a pushpull of keys 1, 3 sent to server 0 (request 7)"
+    assert watch.due([new, old], 130.0) is None          # once per request: not old again,
+    assert watch.answered() is None                       # and new is the same stall
+    old.event.set()
+    assert watch.answered() is old and watch.answered() is None
+    assert watch.due([new, old], 131.0) is new            # a bound after the first report
+
+
+def test_one_report_per_bound_however_many_requests_wait():
+    watch = UnansweredRequests(5.0)
+    tickets = [ticket(0.0, seq=i) for i in range(65)]     # a step's per-key calls
+    reported = []
+    for tick in range(0, 200):                            # looks every 0.1 s for 20 s
+        now = tick / 10
+        found = watch.due(tickets, now)
+        if found is not None:
+            reported.append(now)
+            found.event.set()                             # answered: the next is the oldest
+    assert reported == [5.0, 10.0, 15.0]
+
+
+def test_answered_requests_and_pulls_that_went_on_are_not_awaited():
+    watch = UnansweredRequests(1.0)
+    answered, went_on = ticket(0.0), ticket(0.0)
+    answered.event.set()
+    went_on.abandoned = True
+    assert watch.due([answered, went_on], 100.0) is None
+
+
+def test_a_bound_of_zero_turns_the_reports_off():
+    assert UnansweredRequests(0.0).due([ticket(0.0)], 1e9) is None
+
+
+def test_requests_without_keys_and_the_schedulers_are_named():
+    assert describe_request(Ticket(0, 0.0, 2, {"op": "stats", "seq": 4})) == \
+        "a stats sent to server 2 (request 4)"
+    assert describe_request(Ticket(0, 0.0, None, {"op": "barrier"})) == \
+        "a barrier sent to the scheduler"
+    many = ticket(0.0, keys=range(20))
+    assert describe_request(many).startswith("a pushpull of keys 0, 1, 2, 3, 4, 5, 6, 7, ...")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 100), st.booleans()), min_size=1, max_size=20),
+       st.floats(0.5, 50), st.lists(st.floats(0, 300), min_size=1, max_size=30))
+def test_a_report_is_always_of_the_oldest_awaited_request_past_the_bound(sent, after_s, looks):
+    tickets = []
+    for i, (since, answered) in enumerate(sent):
+        t = ticket(since, seq=i)
+        if answered:
+            t.event.set()
+        tickets.append(t)
+    watch = UnansweredRequests(after_s)
+    times = []
+    for now in sorted(looks):
+        found = watch.due(tickets, now)
+        if found is None:
+            continue
+        awaited = [t for t in tickets if not t.event.is_set()]
+        assert found in awaited and found.since == min(t.since for t in awaited)
+        assert now - found.since >= after_s
+        times.append(now)
+    assert all(b - a >= after_s for a, b in zip(times, times[1:]))
+    assert len(times) <= 1     # nothing is answered meanwhile: one report for the one stall

@@ -158,6 +158,49 @@ def describe_request(ticket: Ticket) -> str:
     return f"{what} sent to {to}" + ("" if seq is None else f" (request {seq})")
 
 
+class StallWatcher(threading.Thread):
+    """Looks every few seconds for a request that has waited past ``KVX_STALL_REPORT_S``.
+
+    A thread of its own, not the link thread's loop: a link thread that is itself stuck (in
+    a send, in an engine call) leaves replies undrained, and the report's stacks show it."""
+
+    def __init__(self, conn: "Connection"):
+        super().__init__(name="kvstore_ext-stall-watch", daemon=True)
+        self.conn = conn
+        self.watch = UnansweredRequests(conn.stall_after)
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        period = look_period(self.watch.after_s)
+        while not self.stopping.wait(period):
+            try:
+                self.look(time.monotonic())
+            except Exception:     # a report must never be what stops a worker
+                pass
+
+    def look(self, now: float) -> None:
+        """Report a request that has waited past the bound, with every thread's stack; say
+        when the reply to one reported comes after all."""
+        conn, watch = self.conn, self.watch
+        if conn.failure:      # the job stops: its error says why
+            return
+        who = f"kvstore_ext {conn.store.type} worker {conn.rank}"
+        done = watch.answered()
+        if done is not None:
+            print(f"{who}: the reply to {describe_request(done)} came after about "
+                  f"{now - done.since:.0f} s; the job goes on.", file=sys.stderr, flush=True)
+        tickets = list(conn.tickets.values())    # one C-level copy: safe while others change it
+        barrier = conn.scheduler_wait
+        if barrier is not None:
+            tickets.append(barrier)
+        ticket = watch.due(tickets, now)
+        if ticket is not None:
+            more = len(watch.awaited(tickets)) - 1
+            report(f"{who}: {describe_request(ticket)} has had no reply after "
+                   f"{now - ticket.since:.0f} s" + (f" ({more} more requests are waiting)."
+                                                    if more else "."))
+
+
 class LinkThread(threading.Thread):
     """Receives replies and scheduler notices, watches the connections, sends heartbeats."""
 
@@ -177,9 +220,6 @@ class LinkThread(threading.Thread):
             poller.register(sock, zmq.POLLIN)
         interval = conn.env.heartbeat_interval
         next_beat = 0.0
-        watch = UnansweredRequests(conn.stall_after)
-        period = look_period(watch.after_s)
-        next_look = time.monotonic() + period
         try:
             while not self.stopping.is_set():
                 now = time.monotonic()
@@ -188,9 +228,6 @@ class LinkThread(threading.Thread):
                         {"op": Op.HEARTBEAT, "role": "worker", "rank": conn.rank},
                         to="scheduler", outbox=hb_out))
                     next_beat = now + interval
-                if watch.after_s > 0 and now >= next_look:
-                    next_look = now + period
-                    self._look(watch, now)
                 events = dict(poller.poll(int(min(interval, 0.2) * 1000)))
                 for sock, inbox in zip(self.rx, self.rx_in):
                     if sock in events:
@@ -208,27 +245,6 @@ class LinkThread(threading.Thread):
         finally:
             for sock in (self.hb, *self.rx, *self.monitors):
                 sock.close(0)
-
-    def _look(self, watch: UnansweredRequests, now: float) -> None:
-        """Report a request that has waited past the bound, with every thread's stack; say
-        when the reply to one reported comes after all."""
-        conn = self.conn
-        if conn.failure:      # the job stops: its error says why
-            return
-        who = f"kvstore_ext {conn.store.type} worker {conn.rank}"
-        done = watch.answered()
-        if done is not None:
-            print(f"{who}: the reply to {describe_request(done)} came after about "
-                  f"{now - done.since:.0f} s; the job goes on.", file=sys.stderr, flush=True)
-        tickets = list(conn.tickets.values())    # one C-level copy: safe while others change it
-        if conn.scheduler_wait is not None:
-            tickets.append(conn.scheduler_wait)
-        ticket = watch.due(tickets, now)
-        if ticket is not None:
-            more = len(watch.awaited(tickets)) - 1
-            report(f"{who}: {describe_request(ticket)} has had no reply after "
-                   f"{now - ticket.since:.0f} s" + (f" ({more} more requests are waiting)."
-                                                    if more else "."))
 
     @staticmethod
     def _disconnected(monitor) -> bool:
@@ -336,6 +352,9 @@ class Connection:
         hb.connect(self.env.scheduler_address)
         self.link = LinkThread(self, hb, rx, monitors)
         self.link.start()
+        self.stall_watch = StallWatcher(self)
+        if self.stall_after > 0:
+            self.stall_watch.start()
         atexit.register(self.close)
 
     def _register(self, store: StoreConfig, start_timeout: float) -> None:
@@ -600,6 +619,7 @@ class Connection:
                 print(f"kvstore_ext: an asynchronous kvstore operation failed and no later call "
                       f"reported it: {self.unreported}", file=sys.stderr, flush=True)
                 os._exit(1)
+            self.stall_watch.stopping.set()
             self.link.stopping.set()
             self.link.join(timeout=2)
             self.ctx.destroy(0)

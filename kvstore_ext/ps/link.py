@@ -107,7 +107,7 @@ class UnansweredRequests:
     The oldest request still awaited is reported once it has waited ``after_s``; then no
     other until ``after_s`` more has passed, so one hang gives one report, not one per
     request in flight.  A partial pull that went on without the rest is not awaited.  Pure
-    logic on the tickets and a time, for the link thread and the tests."""
+    logic on the tickets and a time, for :class:`StallWatcher` and the tests."""
 
     def __init__(self, after_s: float):
         self.after_s = float(after_s)

@@ -303,7 +303,6 @@ time.sleep(600)
 """
 
 
-
 def test_an_allreduce_that_does_not_end_is_reported_with_every_threads_stack(run_hvd, tmp_path):
     """Worker 1 stays away 12 s: worker 0's allreduces of step 1 cannot end, and the one
     watched is reported after the bound (3 s here), naming its step, with the stacks; worker 1

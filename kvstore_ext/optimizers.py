@@ -394,6 +394,18 @@ class Piece(NamedTuple):
     dtype: np.dtype
 
 
+def block_views(runs) -> tuple[list, list, list]:
+    """The keys of ``runs``' blocks, and views of their gradients and weights, block by
+    block (for an optimizer that updates key by key)."""
+    keys, grads, weights = [], [], []
+    for run in runs:
+        for key, start, stop in zip(run.keys, run.bounds, run.bounds[1:]):
+            keys.append(key)
+            grads.append(run.home.view("grad", start, stop))
+            weights.append(run.home.view("weight", start, stop))
+    return keys, grads, weights
+
+
 def kernel_calls(pieces, limit: int, spare: int):
     """``pieces`` grouped into calls of MXNet's multi-tensor kernels: one dtype a call, at most
     ``limit`` arrays, and lengths alike.  The kernel visits every array at every index up to
@@ -508,20 +520,17 @@ class ServerOptimizer:
                             weights[i].size, dtypes[i])
                       for i, state, lr, wd in zip(fused, states, lrs, wds)])
 
-    def apply_runs(self, runs) -> None:
+    def apply_runs(self, runs, pusher=None) -> None:
         """One update of blocks held in :class:`FlatArrays` (a server's), given as runs of
         adjacent blocks: with MXNet's SGD, one kernel array for each stretch of a run whose
-        keys share their rates (all of it, usually)."""
+        keys share their rates (all of it, usually).  ``pusher``: as for :meth:`apply`; a
+        delay-aware optimizer takes the blocks one by one with it."""
+        if pusher is not None and self.delay_aware:
+            self.apply(*block_views(runs), pusher)
+            return
         fused = [run for run in runs if self._fusable(run.home.dtype)]
         if len(fused) < len(runs):
-            keys, grads, weights = [], [], []
-            for run in runs:
-                if run not in fused:
-                    for key, start, stop in zip(run.keys, run.bounds, run.bounds[1:]):
-                        keys.append(key)
-                        grads.append(run.home.view("grad", start, stop))
-                        weights.append(run.home.view("weight", start, stop))
-            self.apply(keys, grads, weights)
+            self.apply(*block_views([run for run in runs if run not in fused]))
         if not fused:
             return
         lrs, wds = self._rates(list(chain.from_iterable(run.keys for run in fused)))

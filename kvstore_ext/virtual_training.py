@@ -49,44 +49,124 @@ class TrainingLog:
     dropped: int = 0
 
 
+def flatten_parameters(params) -> tuple[dict, dict, dict]:
+    """Put the weights of ``params``, and their gradients, back to back in one flat NDArray
+    of each dtype, every parameter's arrays becoming views into them: copying all the
+    weights in, or summing all the gradients out, is then one operation instead of one per
+    parameter (a virtual iteration does both).  Returns the flat weights and gradients
+    (dtype -> NDArray) and where each parameter lies (index -> (dtype, offset)).
+
+    Gluon keeps a parameter's arrays in ``_data`` and ``_grad``, one per context; the views
+    take their place, holding the same values, and are marked for autograd as Gluon marks
+    its own (``Parameter._init_grad``).  One context only (a virtual run computes on one)."""
+    import mxnet as mx
+    where, sizes = {}, {}
+    for i, p in enumerate(params):
+        if len(p.list_ctx()) != 1:
+            raise ValueError(f"parameter {p.name}: virtual-time training computes on one "
+                             f"context, not {p.list_ctx()}")
+        if p.grad_req == "null":
+            raise ValueError(f"parameter {p.name} has no gradient (grad_req 'null'): "
+                             f"virtual-time training pushes every parameter's")
+        data = p.data()
+        dtype = np.dtype(data.dtype)
+        where[i] = (dtype, sizes.get(dtype, 0))
+        sizes[dtype] = where[i][1] + data.size
+    flat_data = {dtype: mx.nd.zeros(size, dtype=dtype) for dtype, size in sizes.items()}
+    flat_grad = {dtype: mx.nd.zeros(size, dtype=dtype) for dtype, size in sizes.items()}
+    for i, p in enumerate(params):
+        old = p.data()
+        dtype, at = where[i]
+        data = flat_data[dtype][at:at + old.size].reshape(old.shape)
+        grad = flat_grad[dtype][at:at + old.size].reshape(old.shape)
+        old.copyto(data)
+        p._data, p._grad = [data], [grad]
+        mx.autograd.mark_variables([data], [grad], p.grad_req)
+    return flat_data, flat_grad, where
+
+
+def contiguous_spans(parts) -> list[tuple]:
+    """``parts`` (dtype, offset on one side, offset on the other, size), in order, joined
+    where both sides continue the part before: each span is one slice on either side."""
+    spans: list[list] = []
+    for dtype, a, b, size in parts:
+        last = spans[-1] if spans else None
+        if last and last[0] == dtype and last[1] + last[3] == a and last[2] + last[3] == b:
+            last[3] += size
+        else:
+            spans.append([dtype, a, b, size])
+    return [tuple(span) for span in spans]
+
+
 class ServerState:
-    """One virtual server: its blocks' weights and gathered gradients, its optimizer, its
-    version, and a read-only copy of the weights at each version some worker still holds."""
+    """One virtual server, held as a real server holds its blocks: back to back in a flat
+    array of each dtype (:class:`~kvstore_ext.optimizers.FlatArrays`: weights, the gathered
+    gradients, the optimizer's momentum), updated a run of adjacent blocks at a time by its
+    :class:`~kvstore_ext.optimizers.ServerOptimizer` (``apply_runs``, as the server calls
+    it).  A copy of the weights at a version is taken when a worker first reads that version
+    (every version under PSP, whose workers may read one later), one copy per dtype."""
 
     def __init__(self, index: int, blocks, values: dict, optimizer):
-        import mxnet as mx
+        from .optimizers import FlatArrays, Run
         self.index = index
-        self.blocks = blocks                    # Partitioner blocks held here
-        # flat, as a real server holds a block; kept in MXNet's engine (no copy to numpy)
-        self.weights = [mx.nd.array(values[b.key].ravel()[b.start:b.stop]) for b in blocks]
-        self.acc = [mx.nd.zeros(b.size) for b in blocks]
+        self.blocks = blocks                    # Partitioner blocks held here, in this order
+        self.homes: dict = {}                   # dtype -> FlatArrays
+        self.places = []                        # per block: (dtype, offset in its home)
+        for b in blocks:
+            dtype = values[b.key].dtype
+            home = self.homes.get(dtype)
+            if home is None:
+                home = self.homes[dtype] = FlatArrays(dtype)
+            self.places.append((dtype, home.add(b.size)))
+        for b, (dtype, offset) in zip(blocks, self.places):
+            self.homes[dtype].numpy("weight")[offset:offset + b.size] = \
+                values[b.key].ravel()[b.start:b.stop]
+        # runs of blocks adjacent in storage (one per dtype: blocks are added in order)
+        self.runs = []
+        for dtype, home in self.homes.items():
+            mine = [(b, offset) for b, (dt, offset) in zip(blocks, self.places) if dt == dtype]
+            self.runs.append(Run(home, [b.key for b, _ in mine],
+                                 [offset for _, offset in mine] + [home.used]))
         self.gathered = 0
         self.pushers: list[int] = []            # whose gradients are gathered
         self.optimizer = optimizer
         self.version = 0
-        self.snapshot = self._copy()
-        self.kept: dict[int, tuple] = {}        # older versions some worker still holds (PSP)
+        self._snapshot: tuple[int, dict] | None = None   # (version, dtype -> weights copy)
+        self.kept: dict[int, dict] = {}         # older versions some worker still holds (PSP)
 
-    def _copy(self):
-        return tuple(w.copy() for w in self.weights)
+    def live(self) -> dict:
+        """The weights now, dtype -> flat NDArray (changed in place by the next update)."""
+        return {dtype: home.array("weight")[:home.used] for dtype, home in self.homes.items()}
 
-    def gather(self, grads) -> None:
+    def snapshot(self) -> dict:
+        """A read-only copy of the weights at the current version, dtype -> flat NDArray."""
+        if self._snapshot is None or self._snapshot[0] != self.version:
+            self._snapshot = (self.version, {dtype: weights.copy()
+                                             for dtype, weights in self.live().items()})
+        return self._snapshot[1]
+
+    def block_views(self, weights: dict) -> list:
+        """Each block's part of ``weights`` (dtype -> flat NDArray), in the blocks' order."""
+        return [weights[dtype][offset:offset + b.size]
+                for b, (dtype, offset) in zip(self.blocks, self.places)]
+
+    def gather(self, segments) -> None:
         """Sum a pushed gradient into the round's (float32 adds in arrival order, as the
-        real server sums them)."""
-        for acc, g in zip(self.acc, grads):
+        real server sums them): ``segments``, (gradient, the flat gradient's part it goes
+        into) pairs."""
+        for grad, acc in segments:
             if self.gathered:
-                acc += g
+                acc += grad
             else:
-                g.copyto(acc)
+                grad.copyto(acc)
         self.gathered += 1
 
     def apply(self, pusher=None) -> None:
         if not self.gathered:
             return
-        self.optimizer.apply([b.key for b in self.blocks], self.acc, self.weights, pusher)
+        self.optimizer.apply_runs(self.runs, pusher)
         self.gathered = 0
         self.version += 1
-        self.snapshot = self._copy()
 
 
 class VirtualTraining:
@@ -140,15 +220,25 @@ class VirtualTraining:
         for s, blocks in enumerate(held_by):
             optimizer = ServerOptimizer(make_optimizer(), self.row.name, self.row.asynchronous)
             self.servers.append(ServerState(s, blocks, values, optimizer))
-        # flat views of the net's weights, which blocks are copied into, and of its gradients,
-        # per server, which the servers sum from (a push reaches every server in one event,
-        # before the next backward: no copy of the gradient is kept)
-        self.flat_data = [p.data().reshape(-1) for p in self.params]
-        self.data_views = [[self.flat_data[b.key][b.start:b.stop] for b in state.blocks]
-                           for state in self.servers]
-        flat_grad = [p.grad().reshape(-1) for p in self.params]
-        self.grad_views = [[flat_grad[b.key][b.start:b.stop] for b in state.blocks]
-                           for state in self.servers]
+        # the net's weights and gradients back to back (one flat array per dtype), and per
+        # server the parts of them its blocks are: a block's weights are copied in from a
+        # server, its gradient summed out into the server's (a push reaches every server in
+        # one event, before the next backward: no copy of the gradient is kept); blocks that
+        # lie in the same order on both sides move in one operation
+        net_data, net_grad, where = flatten_parameters(self.params)
+        self.load_parts, self.gather_parts = [], []
+        for state in self.servers:
+            pairs = []
+            for b, (dtype, offset) in zip(state.blocks, state.places):
+                _, at = where[b.key]
+                pairs.append((dtype, at + b.start, offset, b.size))
+            spans = contiguous_spans(pairs)
+            self.load_parts.append([(dtype, offset, net_data[dtype][at:at + size], size)
+                                    for dtype, at, offset, size in spans])
+            home = state.homes
+            self.gather_parts.append([(net_grad[dtype][at:at + size],
+                                       home[dtype].view("grad", offset, offset + size))
+                                      for dtype, at, offset, size in spans])
         self._loaded: tuple | None = None       # the versions the net holds now
         self.rngs = [np.random.default_rng([seed, w]) for w in range(num_workers)]
         self.orders: list = [None] * num_workers   # each worker's shuffle, on MXNet's side
@@ -179,16 +269,16 @@ class VirtualTraining:
         the servers' current ones, or (PSP) the versions in ``held`` (one per server); worker
         0 let go after its k-th iteration is a point of ``eval_every_iterations``' grid."""
         if held is None:
-            chosen = [(s.version, s.snapshot) for s in self.servers]
+            chosen = [(s.version, s.snapshot()) for s in self.servers]
         else:
             chosen = []
             for s, version in zip(self.servers, held):
-                snap = s.snapshot if version == s.version else s.kept[version]
+                snap = s.snapshot() if version == s.version else s.kept[version]
                 chosen.append((version, snap))
         self.reading[worker] = tuple(chosen)
         for state, (_, snap) in zip(self.servers, chosen):
             if state.optimizer.delay_aware:   # as the server's sent_weights tells it
-                for block, weight in zip(state.blocks, snap):
+                for block, weight in zip(state.blocks, state.block_views(snap)):
                     state.optimizer.pulled(block.key, weight, worker)
         done = self.log.iterations[worker]
         if worker == 0 and self.eval_every_iterations and done \
@@ -215,7 +305,7 @@ class VirtualTraining:
         read_version = self.reading[worker][server][0]
         if accepted:
             self.log.staleness[state.version - read_version] += 1
-            state.gather(self.grad_views[server])
+            state.gather(self.gather_parts[server])
             state.pushers.append(worker)
         else:
             self.log.dropped += 1
@@ -287,15 +377,19 @@ class VirtualTraining:
             self.cursor[w] = 0
 
     def _load(self, reading) -> None:
-        """Put the weights of ``reading`` (per server: version, block weights) into the net,
-        unless it holds those versions already (a BSP round's workers all read one)."""
+        """Put the weights of ``reading`` (per server: version, weights by dtype) into the
+        net, unless it holds those versions already (a BSP round's workers all read one)."""
         versions = tuple(v for v, _ in reading)
         if versions == self._loaded:
             return
         self._loaded = versions
-        for (_, snap), views in zip(reading, self.data_views):
-            for values, view in zip(snap, views):
-                values.copyto(view)
+        for (_, weights), parts in zip(reading, self.load_parts):
+            for dtype, offset, into, size in parts:
+                weights[dtype][offset:offset + size].copyto(into)
+
+    def _current(self) -> tuple:
+        """The servers' weights now, as a reading."""
+        return tuple((s.version, s.live()) for s in self.servers)
 
     def _backward(self, worker: int) -> None:
         """``worker``'s gradient on its next mini-batch, from the weights it read, into the
@@ -314,19 +408,19 @@ class VirtualTraining:
         if self.row.policy is not None:
             return
         kept = state.kept
-        kept[state.version] = state.snapshot
+        kept[state.version] = state.snapshot()
         oldest = min((r[state.index][0] for r in self.reading.values()), default=state.version)
         for v in [v for v in kept if v < oldest - 1]:
             del kept[v]
 
     def weights(self) -> list[np.ndarray]:
         """The servers' current weights, one array per parameter."""
-        self._load(tuple((s.version, s.snapshot) for s in self.servers))
+        self._load(self._current())
         return [p.data().asnumpy() for p in self.params]
 
     def evaluate(self, at: float) -> float:
         from gluon_trainers.evaluation import evaluate
-        self._load(tuple((s.version, s.snapshot) for s in self.servers))
+        self._load(self._current())
         accuracy = evaluate(self.net, self.x_test, self.y_test)
         self.log.curve.append(Evaluation(at, self.pushes, accuracy))
         return accuracy

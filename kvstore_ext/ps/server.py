@@ -924,12 +924,8 @@ class Server:
             for run in runs:
                 weight, grad = run.home.numpy("weight"), run.home.numpy("grad")
                 weight[run.bounds[0]:run.bounds[-1]] = grad[run.bounds[0]:run.bounds[-1]]
-        elif pusher is not None:
-            slots = [slot for group in groups for slot in group.slots]
-            self.optimizer.apply([s.key for s in slots], [s.grad for s in slots],
-                                 [s.weight for s in slots], pusher)
         else:
-            self.optimizer.apply_runs(runs)
+            self.optimizer.apply_runs(runs, pusher)
         if not SYNCHRONOUS_ENGINE:   # sums and replies read and write the memory directly
             mx.nd.waitall()
         self.metrics.optimizer_cpu_s += time.thread_time() - cpu0

@@ -23,7 +23,7 @@ from kvstore_ext.devices import DeviceClock
 from kvstore_ext.simulate import simulate
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-from kvstore_ext.virtual_training import VirtualTraining
+from kvstore_ext.virtual_training import ServerState, VirtualTraining
 
 BATCH = 16
 
@@ -184,6 +184,84 @@ def test_the_same_seed_gives_the_same_weights_bit_for_bit(digits):
     other = train(digits, "dist_dssp", {"staleness_lower": 1, "staleness_upper": 3}, 12.0,
                   devices="700ms,1000ms,1900ms", seed=6)
     assert not np.array_equal(other.weights()[0], runs[0].weights()[0])
+
+
+def test_flat_parameters_compute_the_nets_own_gradients_bit_for_bit(digits):
+    """The net's arrays as views into one flat array: the same forward and backward, to
+    the bit, as the net with its own arrays, and writing the flat array writes the net."""
+    from kvstore_ext.virtual_training import flatten_parameters
+    x, y = digits[0][:BATCH], digits[1][:BATCH]
+    nets = [fresh_net(4), fresh_net(4)]
+    flat_data, flat_grad, where = flatten_parameters(list(nets[1].collect_params().values()))
+    assert list(flat_data) == [np.dtype(np.float32)]
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    for net in nets:
+        net.hybridize(static_alloc=True, static_shape=True)
+        for _ in range(2):   # the cached graph's first call and a later one
+            with autograd.record():
+                loss = loss_fn(net(mx.nd.array(x)), mx.nd.array(y))
+            loss.backward()
+    plain, flat = (list(net.collect_params().values()) for net in nets)
+    for a, b in zip(plain, flat):
+        assert np.array_equal(a.data().asnumpy(), b.data().asnumpy())
+        assert np.array_equal(a.grad().asnumpy(), b.grad().asnumpy())
+        assert np.abs(a.grad().asnumpy()).sum() > 0
+    grads = flat_grad[np.dtype(np.float32)].asnumpy()
+    for i, p in enumerate(flat):   # each parameter's gradient at its place in the flat one
+        _, at = where[i]
+        assert np.array_equal(grads[at:at + p.data().size], p.grad().asnumpy().ravel())
+    flat_data[np.dtype(np.float32)][:] = 0.5
+    assert all((p.data().asnumpy() == 0.5).all() for p in flat)
+
+
+def test_flat_parameters_refuse_a_parameter_without_a_gradient_by_name():
+    from kvstore_ext.virtual_training import flatten_parameters
+    net = fresh_net()
+    params = list(net.collect_params().values())
+    params[2].grad_req = "null"
+    with pytest.raises(ValueError, match=f"parameter {params[2].name} has no gradient"):
+        flatten_parameters(params)
+
+
+def test_contiguous_spans_join_parts_adjacent_on_both_sides():
+    from kvstore_ext.virtual_training import contiguous_spans
+    f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
+    assert contiguous_spans([(f32, 0, 0, 5), (f32, 5, 5, 3), (f32, 8, 8, 2)]) == \
+        [(f32, 0, 0, 10)]
+    # a gap on one side, another dtype, or a gap on the other side cuts the span
+    assert contiguous_spans([(f32, 0, 0, 5), (f32, 9, 5, 3), (f16, 12, 8, 1),
+                             (f16, 13, 10, 1)]) == \
+        [(f32, 0, 0, 5), (f32, 9, 5, 3), (f16, 12, 8, 1), (f16, 13, 10, 1)]
+    assert contiguous_spans([]) == []
+
+
+def test_a_version_no_worker_reads_is_never_copied(digits):
+    """ASP behind a server queue: replies held for the pushes queued behind them, so several
+    updates land between two reads.  The weights are copied when a version is first read
+    (a worker's gradient is computed from the version it read), never at an update."""
+    x, y, xt, yt = digits
+    vt = VirtualTraining(fresh_net(), "dist_asp", 8, x, y, xt, yt, BATCH, make_sgd())
+    state = vt.servers[0]
+    copied, read, copied_at_update = [], [], []
+    live, apply = state.live, state.apply
+
+    def copying():
+        copied.append(state.version)
+        return live()
+
+    def reading():
+        read.append(state.version)
+        return ServerState.snapshot(state)
+
+    def applying(pusher=None):
+        apply(pusher)
+        copied_at_update.extend(v for v in copied if v == state.version)
+    state.live, state.snapshot, state.apply = copying, reading, applying
+    simulate("dist_asp", {}, None, 3.0, clocks=DeviceClock.for_cluster("1000ms*8", [], 8),
+             service=0.004, trainer=vt)
+    assert vt.pushes >= 16 and not copied_at_update
+    assert copied == sorted(set(read))          # one copy per version read ...
+    assert len(copied) < state.version          # ... fewer than the updates
 
 
 def test_worker_pools_and_horovod_stores_are_refused_with_the_reason(digits):

@@ -40,7 +40,6 @@ import numpy as np
 
 from .dcs3gd_jobs import worker_env as horovod_worker_env
 from .jobs import ENV_SHOWN
-from ..ps.protocol import own_frame
 from .model import BYTES_PER_PARAM
 from .timing import timed, trimmed_mean
 
@@ -445,10 +444,11 @@ def measure_idle_rounds(sets=("lenet", "cifar_resnet20_v1"), rounds: int = 30,
 
 
 def set_frames(name: str) -> int:
-    """How many arrays of a runtime job's shape set travel in frames of their own (one
-    server: every key whole)."""
+    """The frames (besides frame 0) a push of a runtime job's shape set travels in (one
+    server: every key whole; :func:`kvstore_ext.plan.model.staged_frames`)."""
     from .jobs import model_shapes
-    return sum(own_frame(BYTES_PER_PARAM * int(np.prod(s))) for s in model_shapes(name))
+    from .model import ModelProfile
+    return ModelProfile(name, [int(np.prod(s)) for s in model_shapes(name)]).placement(1)[0][2]
 
 
 def fit_runtime(rows: list[dict], optimizer_fit: dict) -> dict:

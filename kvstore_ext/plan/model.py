@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..ps.partition import Partitioner
-from ..ps.protocol import own_frame
+from ..ps.protocol import frames_of, layout
 
 #: stores the closed form covers; the others are simulated
 CLOSED_FORM = ("dist_bsp", "dist_asp", "dist_ssp", "dist_dssp", "dist_ssgd", "dist_dcs3gd")
@@ -239,16 +239,29 @@ class ModelProfile:
                   bigarray_bound: int = 1_000_000) -> list[tuple[int, int, int]]:
         """``(items, elements, frames)`` each server holds, as the workers' partitioner places
         them: small keys whole on ``key % servers``, keys of ``bigarray_bound`` elements or
-        more cut across every server; ``frames``: the blocks that travel in a frame of their
-        own (``protocol.OWN_FRAME_BYTES`` or more)."""
+        more cut across every server; ``frames``: the frames a worker's push to it travels in
+        besides frame 0 (:func:`staged_frames`)."""
         part = Partitioner(servers, bigarray_bound)
-        held = [[0, 0, 0] for _ in range(servers)]
+        held = [[0, 0, []] for _ in range(servers)]
         for key, size in enumerate(self.key_sizes):
             for block in part.blocks(key, int(size)):
                 held[block.server][0] += 1
                 held[block.server][1] += block.size
-                held[block.server][2] += own_frame(BYTES_PER_PARAM * block.size)
-        return [tuple(h) for h in held]
+                held[block.server][2].append(block)
+        frames = staged_frames(self.key_sizes, [h[2] for h in held])
+        return [(h[0], h[1], f) for h, f in zip(held, frames)]
+
+
+def staged_frames(key_sizes, blocks_by_server) -> list[int]:
+    """The frames (besides frame 0) of a worker's push to each server: the keys' gradients
+    lie side by side in the worker's staging buffer, in key order (``protocol.layout``), a
+    server's blocks are slices of them, and ``transport.pack`` sends blocks that lie back to
+    back with ``protocol.OWN_FRAME_BYTES`` or more together as one frame, a larger block alone
+    as one (``protocol.frames_of``).  One server holding whole keys: one frame for the
+    model, where their sizes are multiples of 8 bytes."""
+    offsets, _ = layout([BYTES_PER_PARAM * int(size) for size in key_sizes])
+    return [frames_of([(offsets[b.key] + BYTES_PER_PARAM * b.start, BYTES_PER_PARAM * b.size,
+                        BYTES_PER_PARAM) for b in blocks]) for blocks in blocks_by_server]
 
 
 def busiest(profile: ModelProfile, servers: int, costs: Costs, workers: int,

@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from .link import unseen
+from .protocol import layout
 
 QUIET = 0.001
 #: the longest wait between two looks at a caller that is at work (preempted, or busy)
@@ -35,20 +36,8 @@ PATIENCE = 0.016
 #: a batch nobody sends goes after this long without a call, at work or not: a caller that
 #: spins on something that needs the batch cannot hold it for ever
 HOLD_AT_MOST = 0.25
-#: segments of a staging buffer start at multiples of this many bytes (aligned for any dtype)
-ALIGN = 64
 #: the least a staging buffer holds: the gradients of several per-key calls share one
 CHUNK_BYTES = 4 << 20
-
-
-def layout(sizes) -> tuple[list[int], int]:
-    """Offsets of segments of ``sizes`` bytes laid end to end, each at a multiple of
-    :data:`ALIGN`, and the bytes they take in all."""
-    offsets, end = [], 0
-    for n in sizes:
-        offsets.append(end)
-        end += -(-n // ALIGN) * ALIGN
-    return offsets, end
 
 
 class Staging:

@@ -310,7 +310,8 @@ class Connection:
         self.limits = Limits.for_job(self.env)
         start_timeout = self.env.start_timeout
         self.node = f"node:{os.urandom(6).hex()}"
-        self.codec = Codec(self.env.secret, names={self.node})
+        self.codec = Codec(self.env.secret, names={self.node},
+                           max_frame_bytes=self.limits.max_frame_bytes)
         self.sched_out, self.sched_in = self.codec.outbox(), self.codec.inbox()
         self.ctx = new_context()
         self.sched = configure(self.ctx.socket(zmq.DEALER), self.limits)

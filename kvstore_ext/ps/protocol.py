@@ -34,16 +34,67 @@ import math
 import numpy as np
 
 
-#: an array of at least this many bytes travels in a ZeroMQ frame of its own, sent without a
-#: copy (pyzmq's own threshold for that); smaller ones are copied together into one frame.
-#: Each such frame costs the server CPU of its own, which the planner counts (:func:`own_frame`)
+#: arrays that lie back to back and hold at least this many bytes together, or one array
+#: this large, travel in a ZeroMQ frame of their own, sent without a copy (pyzmq's own
+#: threshold for that); the others are copied together into frame 0.  Each such frame costs
+#: the server CPU of its own, which the planner counts (:func:`frames_of`)
 OWN_FRAME_BYTES = 1 << 16
+#: offsets of the arrays a worker stages for a message, and of those copied into frame 0, are
+#: multiples of this many bytes: aligned for any dtype, and no more, so that a worker's
+#: arrays of one dtype lie back to back (but after an odd-length float32 one)
+ALIGN = 8
 
 
 def own_frame(nbytes: int) -> bool:
-    """Whether an array of ``nbytes`` bytes travels in a frame of its own (``transport.pack``
-    spells the same test inline: it runs once per array of every message)."""
+    """Whether an array of ``nbytes`` bytes, on its own, travels in a frame of its own
+    (``transport.pack`` spells the same test inline: it runs once per array of every
+    message)."""
     return nbytes >= OWN_FRAME_BYTES
+
+
+def layout(sizes) -> tuple[list[int], int]:
+    """Offsets of arrays of ``sizes`` bytes laid end to end, each at a multiple of
+    :data:`ALIGN` (a worker's staging buffer), and the bytes they take in all."""
+    offsets, end = [], 0
+    for n in sizes:
+        offsets.append(end)
+        end += -(-n // ALIGN) * ALIGN
+    return offsets, end
+
+
+def pack_runs(places, limit: int | None = None):
+    """How ``transport.pack`` cuts a message into frames: for ``places``, ``(address, nbytes,
+    itemsize)`` of each array in order (address -1: unknown), ``(first, stop, together)``:
+    ``together`` when ``places[first:stop]`` (two or more) lie back to back in memory, each at
+    an offset from the first that is a multiple of its item size, with
+    :data:`OWN_FRAME_BYTES` or more in all and ``limit`` at most (the receivers' frame
+    limit): one frame.  Otherwise ``stop`` is ``first + 1``, and the array goes alone
+    (:func:`own_frame`) or into frame 0."""
+    first, count = 0, len(places)
+    while first < count:
+        start, nbytes, _ = places[first]
+        end, stop = start + nbytes, first + 1
+        if start >= 0 and nbytes:
+            while stop < count:
+                address, n, itemsize = places[stop]
+                if not n or address != end or (end - start) % itemsize or \
+                        (limit is not None and end + n - start > limit):
+                    break
+                end += n
+                stop += 1
+        if stop > first + 1 and end - start >= OWN_FRAME_BYTES:
+            yield first, stop, True
+        else:
+            stop = first + 1
+            yield first, stop, False
+        first = stop
+
+
+def frames_of(places, limit: int | None = None) -> int:
+    """The frames besides frame 0 that a message of arrays at ``places`` (as
+    :func:`pack_runs` takes them) travels in."""
+    return sum(1 for first, _, together in pack_runs(places, limit)
+               if together or own_frame(places[first][1]))
 
 
 class Op:

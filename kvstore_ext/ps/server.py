@@ -241,7 +241,8 @@ class Server:
         self.env = env
         self.limits = Limits.for_job(env)
         self.node = f"node:{os.urandom(6).hex()}"
-        self.codec = Codec(env.secret, names={self.node})
+        self.codec = Codec(env.secret, names={self.node},
+                           max_frame_bytes=self.limits.max_frame_bytes)
         self.router_out, self.router_in = self.codec.outbox(), self.codec.inbox()
         self.sched_out, self.sched_in = self.codec.outbox(), self.codec.inbox()
         self.malformed = 0

@@ -215,10 +215,6 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         value of the last key in that order.
         """
         self._raise_deferred()
-        for k, v in pairs:
-            refuse_sparse(self.type, k, v, "pushed value")
-        for k, o in outs or ():
-            refuse_sparse(self.type, k, o, "out array")
         if op != Op.PULL and getattr(self, "asynchronous", False) and self._updater is None:
             # the servers would keep the summed gradients as the weights, and every worker
             # would pull a different mixture: MXNet's async server aborts here instead
@@ -355,6 +351,7 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
             arrays = _as_list(out)
             learned = self._checked.get((k, "out"), arrays)
             if learned is None:
+                refuse_sparse(self.type, k, arrays, "out array")
                 shape = self._meta[k][0] if k in self._meta else None
                 for o in arrays:
                     if shape is not None and tuple(o.shape) != shape:
@@ -404,6 +401,7 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         """The arrays pushed for ``key`` (one per device), each of the key's shape and dtype."""
         arrays = _as_list(value)
         if self._checked.get((key, "value"), arrays) is None:
+            refuse_sparse(self.type, key, arrays, "pushed value")
             for a in arrays:
                 if tuple(a.shape) != shape:
                     raise KVStoreError(f"key {key!r}: pushed shape {tuple(a.shape)}, but the "

@@ -29,6 +29,7 @@ connection shows up at once as a socket-monitor event.
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import hmac
 import itertools
@@ -47,7 +48,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from .. import jobenv
-from .protocol import OWN_FRAME_BYTES
+from .protocol import ALIGN, OWN_FRAME_BYTES, pack_runs
 
 NONCE_BYTES = 16
 TAG_BYTES = 16
@@ -185,10 +186,13 @@ class Codec:
     message addressed elsewhere is refused.  ``rejected`` counts refusals by reason.
     """
 
-    def __init__(self, secret: bytes, names=()):
+    def __init__(self, secret: bytes, names=(), max_frame_bytes: int = 0):
         if len(secret) < 16:
             raise ValueError("the job secret must hold at least 16 bytes")
         self._secret = bytes(secret[:64])
+        #: arrays that lie side by side travel as one frame up to this size, the receivers'
+        #: limit (``Limits.max_frame_bytes``)
+        self.max_frame_bytes = max_frame_bytes or DEFAULT_MAX_FRAME_BYTES
         self.names: set[str] = set(names)
         self.rejected: Counter = Counter()
         self._default_outbox = Outbox()
@@ -236,7 +240,7 @@ class Codec:
         if len(bufs) > 1:
             # small arrays travel together in one frame (a copy is cheaper than a frame each);
             # large ones keep a frame of their own and are sent without a copy
-            layout, bufs = pack(bufs)
+            layout, bufs = pack(bufs, self.max_frame_bytes)
             header = {**header, LAYOUT: layout}
         head = json.dumps(header, separators=(",", ":")).encode()
         nonce = os.urandom(NONCE_BYTES)
@@ -286,33 +290,79 @@ class Codec:
 
 
 LAYOUT = "_layout"
-ALIGN = 8
 _PADS = [bytes(n) for n in range(ALIGN)]
 
 
-def pack(views) -> tuple[list, list]:
+def pack(views, limit: int = DEFAULT_MAX_FRAME_BYTES) -> tuple[list, list]:
     """Frames for byte views, and where each view lies: ``[frame, offset, nbytes]``.
 
-    Views of at least ``OWN_FRAME_BYTES`` are frames of their own; the others are
-    copied into frame 0, each at an offset aligned for any dtype, the gaps zeroed.
-    Frame 0 is one ``bytes.join`` of the small views and their pads: one C loop of
-    copies, where a numpy slice assignment per view cost a server ~1.5 µs each.
+    Views that lie back to back in one array's memory (a server's reply, copied one run of
+    blocks at a time; a worker's gradients, staged side by side) and hold at least
+    ``OWN_FRAME_BYTES`` together travel as one frame, a view of that memory sent without a
+    copy (``protocol.pack_runs`` says where), up to ``limit`` bytes (the receivers' frame
+    limit): one frame for a whole model, where it took a frame per large array and a copy of
+    every small one.  Other views of at least ``OWN_FRAME_BYTES`` are frames of their own;
+    the rest are copied into frame 0, each at an offset aligned for any dtype, the gaps
+    zeroed.  Frame 0 is one ``bytes.join`` of the small views and their pads: one C
+    loop of copies, where a numpy slice assignment per view cost a server ~1.5 µs each.
     """
     layout, frames, small, offset = [], [None], [], 0
-    for v in views:
-        n = v.nbytes
-        if n >= OWN_FRAME_BYTES:     # protocol.own_frame, inline on the hot path
-            layout.append([len(frames), 0, n])
-            frames.append(v)
-        else:
-            layout.append([0, offset, n])
-            small.append(v)
-            pad = -n % ALIGN
-            if pad:
-                small.append(_PADS[pad])
-            offset += n + pad
+    places = [(_address(v), v.nbytes, _itemsize(v)) for v in views]
+    for first, stop, together in pack_runs(places, limit):
+        memory = _memory(views[first], places[first][0],
+                         places[stop - 1][0] + places[stop - 1][1]) if together else None
+        if memory is not None:
+            index, at = len(frames), 0
+            frames.append(memory)
+            for v in views[first:stop]:
+                layout.append([index, at, v.nbytes])
+                at += v.nbytes
+            continue
+        for v in views[first:stop]:
+            n = v.nbytes
+            if n >= OWN_FRAME_BYTES:     # protocol.own_frame, inline on the hot path
+                layout.append([len(frames), 0, n])
+                frames.append(v)
+            else:
+                layout.append([0, offset, n])
+                small.append(v)
+                pad = -n % ALIGN
+                if pad:
+                    small.append(_PADS[pad])
+                offset += n + pad
     frames[0] = b"".join(small)
     return layout, frames
+
+
+def _memory(view, start: int, end: int):
+    """A byte view of ``start:end`` in the memory of the numpy array ``view`` was taken of,
+    or None when that array does not hold all of it (arrays side by side in memory can be
+    two allocations)."""
+    root = view.obj
+    while isinstance(root, np.ndarray) and isinstance(root.base, np.ndarray):
+        root = root.base
+    if not isinstance(root, np.ndarray) or not root.flags.c_contiguous:
+        return None
+    whole = memoryview(root.reshape(-1)).cast("B")
+    base = _address(whole)
+    if base < 0 or start < base or end > base + whole.nbytes:
+        return None
+    return whole[start - base:end - base]
+
+
+def _address(view) -> int:
+    """Where a writable byte view's memory begins; -1 when it cannot be told (read-only,
+    empty)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+    except (TypeError, ValueError):
+        return -1
+
+
+def _itemsize(view) -> int:
+    """The item size of the array a byte view was taken of (its alignment), at most 8."""
+    obj = view.obj
+    return min(obj.itemsize, ALIGN) if isinstance(obj, np.ndarray) and obj.itemsize else 1
 
 
 def _frame_bytes(frame) -> bytes:

@@ -114,6 +114,7 @@ def test_dist_psp_stamps_with_the_newest_version_whatever_order_replies_complete
         self._config = type("Config", (), {"params": check_psp_params(params)})()
         self._conn, self._part = conn, Partitioner(1)
         self._meta = {0: ((4,), np.dtype("float32"))}
+        self._type = "dist_psp"
 
     monkeypatch.setattr(ParameterServerStore, "__init__", no_job)
     kv = DistPSP(min_pushes=8)

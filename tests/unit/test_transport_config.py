@@ -289,3 +289,44 @@ def test_packed_messages_carry_every_array_exactly(arrays):
     assert len(bufs) == len(values)
     for buf, v in zip(bufs, values):
         np.testing.assert_array_equal(array_from_buffer(buf, v.dtype.str, v.shape), v)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["<f4", "<f8", "<f2", "|u1"]), st.integers(0, 30_000)),
+                min_size=1, max_size=14),
+       st.sampled_from([1 << 16, 1 << 17, 1 << 20]))
+def test_arrays_side_by_side_travel_as_frames_within_the_limit(arrays, limit):
+    """Arrays that are slices of one buffer, as a worker stages them or a server copies its
+    weights: any dtypes and sizes (odd ones leave gaps), any frame limit.  Every frame but a
+    single array's is within the limit, the small ones share frame 0, and every array comes
+    out of seal and open as it went in."""
+    from kvstore_ext.ps.batching import Staging
+    rng = np.random.default_rng(len(arrays))
+    sizes = [n * np.dtype(dt).itemsize for dt, n in arrays]
+    values = []
+    for (dt, n), seg in zip(arrays, Staging(chunk_bytes=1 << 12).take(sizes)):
+        view = seg.view(dt)
+        view[...] = rng.integers(0, 100, n).astype(dt)
+        values.append(view)
+    layout, frames = pack([memoryview(v).cast("B") for v in values], limit)
+    for i, frame in enumerate(frames[1:], 1):
+        held = [n for f, _, n in layout if f == i]
+        assert memoryview(frame).nbytes <= limit or len(held) == 1
+        assert memoryview(frame).nbytes == sum(held) and memoryview(frame).nbytes >= OWN_FRAME_BYTES
+    codec = Codec(SECRET, max_frame_bytes=limit)
+    header, bufs = codec.open([bytes(f) for f in codec.seal({"op": "push"}, values)])
+    for buf, v in zip(bufs, values):
+        np.testing.assert_array_equal(array_from_buffer(buf, v.dtype.str, v.shape), v)
+
+
+def test_a_model_copied_in_one_piece_travels_in_one_frame():
+    """A server's reply (its weights copied once, each key a view of the copy) and a worker's
+    push of float32 arrays of even length (staged side by side) are one frame besides frame 0
+    (empty); the frame is the memory itself, not a copy."""
+    weights = np.arange(300_000, dtype=np.float32)
+    cuts = [0, 500, 520, 25_520, 25_570, 225_570, 226_070, 299_990, 300_000]
+    views = [memoryview(weights[a:b]).cast("B") for a, b in zip(cuts, cuts[1:])]
+    layout, frames = pack(views)
+    assert len(frames) == 2 and frames[0] == b""
+    assert [f for f, _, _ in layout] == [1] * 8
+    assert np.shares_memory(np.frombuffer(frames[1], np.float32), weights)

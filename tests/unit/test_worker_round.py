@@ -4,14 +4,16 @@ import threading
 import numpy as np
 import pytest
 
-from kvstore_ext.ps.batching import ALIGN, CheckedArrays, Coalescer, Staging, WriteBack, layout
+from kvstore_ext.ps.batching import CheckedArrays, Coalescer, Staging, WriteBack
+from kvstore_ext.ps.protocol import ALIGN, layout
 
 
 # -- staging --------------------------------------------------------------------------------------
 def test_layout_aligns_every_segment():
     offsets, total = layout([4, 0, 100, 64])
-    assert offsets == [0, ALIGN, ALIGN, 3 * ALIGN]
-    assert total == 4 * ALIGN and all(o % ALIGN == 0 for o in offsets)
+    assert ALIGN == 8     # any dtype's alignment, and no gap between float32 arrays of even size
+    assert offsets == [0, 8, 8, 112]
+    assert total == 176 and all(o % ALIGN == 0 for o in offsets)
 
 
 def base_address(segment):

@@ -22,6 +22,7 @@ F32 = np.dtype("float32")
 def kv(monkeypatch):
     """A store with two servers and no job: keys of 5 elements or more are split."""
     def no_job(self):
+        self._type = "dist_bsp"
         self._part = Partitioner(2, bigarray_bound=5)
         self._meta = {0: ((2, 3), F32), 1: ((4,), F32), 2: ((2, 2), np.dtype("float64"))}
 
@@ -128,6 +129,19 @@ def test_outputs_are_checked_once_and_ordered_as_mxnet_writes_them(kv):
     with pytest.raises(KVStoreError, match=r"key 1: out has shape \(2, 3\), but the key has "
                                            r"shape \(4,\)"):
         kv._targets([(1, mx.nd.zeros((2, 3)))])
+
+
+def test_a_sparse_array_is_refused_by_name_after_dense_ones_have_passed(kv):
+    """The storage type is asked only of arrays not seen before (an array keeps its type),
+    so a sparse one that takes the place of a dense one is still refused, naming the key."""
+    dense, out = mx.nd.ones((4,)), mx.nd.zeros((4,))
+    kv._plan("pushpull", [(1, dense)])
+    kv._targets([(1, out)])
+    with pytest.raises(KVStoreError, match="key 1: the pushed value has row_sparse storage"):
+        kv._plan("pushpull", [(1, mx.nd.ones((4,)).tostype("row_sparse"))])
+    with pytest.raises(KVStoreError, match="key 1: the out array has csr storage"):
+        kv._targets([(1, mx.nd.zeros((1, 4)).tostype("csr"))])
+    assert np.array_equal(pushed(kv._plan("pushpull", [(1, dense)]))[1, 0], np.ones(4))
 
 
 # -- writing weights back through MXNet's engine -----------------------------------------------------

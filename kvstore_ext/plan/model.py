@@ -248,20 +248,42 @@ class ModelProfile:
                 held[block.server][0] += 1
                 held[block.server][1] += block.size
                 held[block.server][2].append(block)
-        frames = staged_frames(self.key_sizes, [h[2] for h in held])
+        frames = staged_frames([h[2] for h in held])
         return [(h[0], h[1], f) for h, f in zip(held, frames)]
 
 
-def staged_frames(key_sizes, blocks_by_server) -> list[int]:
-    """The frames (besides frame 0) of a worker's push to each server: the keys' gradients
-    lie side by side in the worker's staging buffer, in key order (``protocol.layout``), a
-    server's blocks are slices of them, and ``transport.pack`` sends blocks that lie back to
-    back with ``protocol.OWN_FRAME_BYTES`` or more together as one frame, a larger block alone
-    as one (``protocol.frames_of``).  One server holding whole keys: one frame for the
-    model, where their sizes are multiples of 8 bytes."""
-    offsets, _ = layout([BYTES_PER_PARAM * int(size) for size in key_sizes])
-    return [frames_of([(offsets[b.key] + BYTES_PER_PARAM * b.start, BYTES_PER_PARAM * b.size,
-                        BYTES_PER_PARAM) for b in blocks]) for blocks in blocks_by_server]
+def staged_frames(blocks_by_server) -> list[int]:
+    """The frames (besides frame 0) of a worker's push to each server: a worker stages each
+    key whole, in key order (``protocol.layout``), in its buffer for the server of the key's
+    first block, a server's blocks are slices of them, and ``transport.pack`` sends blocks that
+    lie back to back with ``protocol.OWN_FRAME_BYTES`` or more together as one frame, a larger
+    block alone as one (``protocol.frames_of``).  Keys whose sizes are multiples of 8 bytes,
+    none cut across servers: one frame per server."""
+    keys: dict = {}                 # key -> [the server of its first block, its elements]
+    for b in (b for blocks in blocks_by_server for b in blocks):
+        key = keys.setdefault(b.key, [b.server, 0])
+        key[0] = b.server if b.index == 0 else key[0]
+        key[1] = max(key[1], b.stop)
+    lanes: dict[int, int] = {}      # server -> bytes staged in its buffer so far
+    where: dict = {}                # key -> (its buffer, its offset there)
+    for k in sorted(keys, key=_key_order):
+        lane, size = keys[k]
+        offset = layout([lanes.get(lane, 0)])[1]
+        where[k] = (lane, offset)
+        lanes[lane] = offset + BYTES_PER_PARAM * size
+    frames = []
+    for blocks in blocks_by_server:
+        places = []
+        for b in blocks:
+            lane, offset = where[b.key]
+            places.append((lane << 48 | offset + BYTES_PER_PARAM * b.start,
+                           BYTES_PER_PARAM * b.size, BYTES_PER_PARAM))
+        frames.append(frames_of(places))
+    return frames
+
+
+def _key_order(key):
+    return (1, str(key)) if isinstance(key, str) else (0, key)
 
 
 def busiest(profile: ModelProfile, servers: int, costs: Costs, workers: int,

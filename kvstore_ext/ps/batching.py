@@ -14,7 +14,7 @@ parts, for good, and pays per group at every later push (ResNet-20's shapes at
 4 x 2 and 8 x 2, callers preempted mid-step: 1.4-1.5 times the servers' CPU,
 docs/performance.md), so a caller only waiting for a core keeps its batch open.
 
-The gradients of a round are copied into one :class:`Staging` buffer, checked
+The gradients of a round are copied into a :class:`Staging` buffer per server, checked
 only when their arrays change (:class:`CheckedArrays`), and the replies are
 written into the weights of all the round's calls by one :class:`WriteBack`.
 Everything here is plain logic: the store gives it MXNet's arrays and engine.
@@ -36,12 +36,15 @@ PATIENCE = 0.016
 #: a batch nobody sends goes after this long without a call, at work or not: a caller that
 #: spins on something that needs the batch cannot hold it for ever
 HOLD_AT_MOST = 0.25
-#: the least a staging buffer holds: the gradients of several per-key calls share one
+#: the least a worker's staging buffers hold, shared among its servers (one buffer each): a
+#: server's gradients of several per-key calls, a step's of a model of up to this size, share one
 CHUNK_BYTES = 4 << 20
+#: ... and the least one server's buffer holds, however many servers
+MIN_CHUNK_BYTES = 1 << 18
 
 
 class Staging:
-    """Host memory that the pushed values are copied into, in one piece per call.
+    """Host memory that the values pushed to one server are copied into, in one piece per call.
 
     Bytes are never handed out twice: ZeroMQ sends large frames without copying
     them, so a message's buffers may still be in use when the next call comes.

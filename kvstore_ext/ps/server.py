@@ -30,8 +30,8 @@ from ..policies.base import MAX_REPLY_HOLD_S
 from zmq.utils.monitor import recv_monitor_message
 
 from .protocol import BLOCK, DTYPE, INIT_SIZE, KEY, SHAPE, SIZE, Op, check_request
-from .transport import (AuthError, Codec, Limits, array_from_buffer, bind_random, configure,
-                        new_context, receive_until, recv_message)
+from .transport import (AuthError, Codec, Limits, Packed, array_from_buffer, bind_random,
+                        configure, new_context, receive_until, recv_message)
 
 log = logging.getLogger("kvstore_ext.server")
 
@@ -258,7 +258,8 @@ class Server:
         self.groups: list[Group] = []
         self.group_epoch = 0             # rises whenever groups change (routes re-check)
         self.routes: dict[tuple, Route] = {}
-        self.last_values: tuple = (None, [])   # ((route, epoch, versions), weights copied)
+        self.last_values: tuple = (None, None)   # ((route, epoch, versions), weights copied)
+        self.valid_items: dict = {}   # (worker, op) -> items of its last well-formed request
         self.init_waiting: list[InitWait] = []
         self.init_seen: dict[tuple, set] = {}   # (key, block) -> workers that initialised it
         #: (key, block) -> (shape, dtype, worker) of its first init; worker None when that
@@ -362,15 +363,15 @@ class Server:
         self._send_later(p, {"op": Op.REPLY, "seq": p.seq, "ok": True, **(p.extra or {})},
                          values, late)
 
-    def values(self, route: Route) -> list[np.ndarray]:
+    def values(self, route: Route) -> Packed:
         """The weights of a route's blocks as they are now, copied one run of adjacent blocks
-        at a time.  The last copy serves the replies that follow it (the replies of one round
-        come one after another) until one of its groups changes; only one is kept, so the
-        copies held are bounded by what is in flight."""
+        at a time and cut into frames.  The last copy serves the replies that follow it (the
+        replies of one round come one after another) until one of its groups changes; only
+        one is kept, so the copies held are bounded by what is in flight."""
         parts = self.route_parts(route)
         at = (route, self.group_epoch, [group.version for group, _, _ in parts])
         if self.last_values[0] != at:
-            self.last_values = (at, snapshot(route.replies))
+            self.last_values = (at, self.codec.packed(snapshot(route.replies)))
         return self.last_values[1]
 
     def send_part(self, p, indices) -> None:
@@ -487,7 +488,7 @@ class Server:
                             self.codec.rejected[exc.reason])
             return
         try:
-            check_request(header, self.num_workers)
+            check_request(header, self.num_workers, self.valid_items)
         except Exception as exc:
             self.malformed += 1
             if self.malformed <= 5 or self.malformed % 1000 == 0:

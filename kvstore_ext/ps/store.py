@@ -8,13 +8,14 @@ arrays by an operation in MXNet's engine (see ``engine``), so that, as with
 MXNet's own stores, whatever reads them waits for them and nothing else does.
 
 A round costs MXNet little: each gradient is copied once, by MXNet, straight
-into the message (``Staging``); arrays already checked are not asked about
+into the message to its server (``Staging``, one per server); arrays already checked are not asked about
 again (``CheckedArrays``); the replies of all the calls of a round are
 written in one pass when they come (``WriteBack``), into the store's own copy of
 each key (``ReplySlots``), which MXNet copies into each call's weights.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import math
@@ -30,7 +31,7 @@ from mxnet.kvstore import KVStoreBase
 
 from .. import registry
 from .. import engine
-from .batching import CheckedArrays, Coalescer, Staging, WriteBack
+from .batching import CHUNK_BYTES, MIN_CHUNK_BYTES, CheckedArrays, Coalescer, Staging, WriteBack
 from .link import Connection, unseen
 from ..errors import KVStoreError
 from ..keys import MXNetCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
@@ -95,9 +96,11 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         self._slots = ReplySlots() if self.reply_slots and coalesce else None
 
     @functools.cached_property
-    def _staging(self) -> Staging:
-        """Where the pushed values are copied to (made on first use, as is :attr:`_checked`)."""
-        return Staging()
+    def _staging(self) -> dict[int, Staging]:
+        """Where the pushed values are copied to: one buffer per server, each made on first
+        use (as is :attr:`_checked`), the whole's least size shared among the servers."""
+        chunk = max(CHUNK_BYTES // self._part.num_servers, MIN_CHUNK_BYTES)
+        return collections.defaultdict(lambda: Staging(chunk))
 
     @functools.cached_property
     def _checked(self) -> CheckedArrays:
@@ -374,10 +377,10 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         """Per server: the items, the gradient buffers, and which (key, block) each item is.
 
         Every key and value is checked before any gradient is read, so a call that fails
-        sends nothing; the gradients are then copied into one staging buffer
-        (:meth:`_stage`), and each block's buffer is a slice of it.
+        sends nothing; the gradients are then copied into each server's staging buffer
+        (:meth:`_stage`), one segment per block.
         """
-        keys = []   # (key, dtype, elements, the pushed arrays or None)
+        keys = []   # (key, dtype, blocks, the pushed arrays or None)
         for k, v in pairs:
             k = _check_key(k)
             meta = self._meta.get(k)
@@ -385,16 +388,16 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
                 raise KVStoreError(f"key {k!r} has not been initialised on this kvstore "
                                    f"(call kv.init({k!r}, value) or kv.broadcast first)")
             shape, dtype = meta
-            keys.append((k, dtype, math.prod(shape),
+            keys.append((k, dtype, self._part.blocks(k, math.prod(shape)),
                          None if v is None else self._checked_value(k, v, shape, dtype)))
         plan: dict[int, tuple[list, list, list]] = {}
-        for (k, dtype, size, _), flat in zip(keys, self._stage(keys)):
-            for b in self._part.blocks(k, size):
+        for (k, dtype, blocks, _), staged in zip(keys, self._stage(keys)):
+            for i, b in enumerate(blocks):
                 its, bufs, where = plan.setdefault(b.server, ([], [], []))
                 its.append([k, b.index, dtype.str, b.size])
                 where.append(b)
-                if flat is not None:
-                    bufs.append(flat[b.start:b.stop])
+                if staged is not None:
+                    bufs.append(staged[i])
         return plan
 
     def _checked_value(self, key, value, shape, dtype) -> list:
@@ -413,24 +416,33 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         return arrays
 
     def _stage(self, keys) -> list:
-        """Each key's pushed value, flat and summed over its devices (None for a key that is
-        only pulled), copied by MXNet into one staging buffer: one copy per array, no
-        engine operation, the values as they are when the call is made."""
-        pushed = [(dtype, size) for _, dtype, size, arrays in keys if arrays is not None]
-        segments = iter(self._staging.take([size * dtype.itemsize for dtype, size in pushed]))
-        flats = []
-        for _, dtype, size, arrays in keys:
+        """Each pushed key's blocks, flat and summed over its devices (None for a key that is
+        only pulled), copied by MXNet into a staging buffer per server: one copy per array,
+        no engine operation, the values as they are when the call is made.
+
+        A key is staged whole in the buffer of its first block's server (its only one, but
+        for a key of ``bigarray_bound`` elements or more, cut across servers), so a server's
+        keys of a call, and of the calls after it, lie side by side and its message's
+        gradients travel as one frame (``transport.pack``) even where the keys alternate
+        between servers; a cut key's other blocks travel in frames of their own."""
+        sizes: dict[int, list[int]] = {}
+        for _, dtype, blocks, arrays in keys:
+            if arrays is not None:
+                sizes.setdefault(blocks[0].server, []).append(blocks[-1].stop * dtype.itemsize)
+        segments = {server: iter(self._staging[server].take(n)) for server, n in sizes.items()}
+        staged = []
+        for _, dtype, blocks, arrays in keys:
             if arrays is None:
-                flats.append(None)
+                staged.append(None)
                 continue
-            flat = next(segments).view(dtype)
+            flat = next(segments[blocks[0].server]).view(dtype)
             engine.copy_to_host(arrays[0], flat)
             for a in arrays[1:]:     # the other devices' values, summed in the order given
-                extra = np.empty(size, dtype)
+                extra = np.empty(flat.size, dtype)
                 engine.copy_to_host(a, extra)
                 flat += extra
-            flats.append(flat)
-        return flats
+            staged.append([flat[b.start:b.stop] for b in blocks])
+        return staged
 
     def _values(self, plan, replies):
         """``(key, parts)`` for every key of a reply: ``(start, stop, flat values)`` of each of

@@ -231,20 +231,24 @@ class Codec:
         clear_vector_upper_state()
         return tag
 
+    def packed(self, buffers) -> "Packed":
+        """``buffers`` cut into this codec's frames once, for several messages to carry."""
+        return Packed(buffers, self.max_frame_bytes)
+
     def seal(self, header: dict, buffers=(), to: str | None = None,
              outbox: Outbox | None = None) -> list:
-        """Frames for ``header`` and ``buffers``, sent from ``outbox`` (its session and next
-        counter go into the authenticated header) to the node named ``to``."""
+        """Frames for ``header`` and ``buffers`` (arrays, or a :class:`Packed`), sent from
+        ``outbox`` (its session and next counter go into the authenticated header) to the
+        node named ``to``."""
         header = (outbox or self._default_outbox).stamp(header, to)
-        bufs = [_as_bytes_view(b) for b in buffers]
-        if len(bufs) > 1:
-            # small arrays travel together in one frame (a copy is cheaper than a frame each);
-            # large ones keep a frame of their own and are sent without a copy
-            layout, bufs = pack(bufs, self.max_frame_bytes)
-            header = {**header, LAYOUT: layout}
-        head = json.dumps(header, separators=(",", ":")).encode()
+        if not isinstance(buffers, Packed):
+            buffers = self.packed(buffers)
+        head = json.dumps(header, separators=(",", ":"))
+        if buffers.layout_json is not None:    # the header stamped: never "{}"
+            head = f'{head[:-1]},"{LAYOUT}":{buffers.layout_json}}}'
+        head = head.encode()
         nonce = os.urandom(NONCE_BYTES)
-        return [head, nonce + self._tag(nonce, head, bufs), *bufs]
+        return [head, nonce + self._tag(nonce, head, buffers.frames), *buffers.frames]
 
     def open(self, frames, inbox: Inbox | None = None) -> tuple[dict, list[memoryview]]:
         """Check the authenticator, then parse, then the session counter and addressee;
@@ -291,6 +295,33 @@ class Codec:
 
 LAYOUT = "_layout"
 _PADS = [bytes(n) for n in range(ALIGN)]
+
+
+class Packed:
+    """A message's arrays cut into frames (:func:`pack`), with the layout that goes into its
+    header, made once for messages that carry the same arrays: a round's replies to its
+    workers differ only in their headers (the frames are views: the arrays must not change
+    while the messages are in flight)."""
+
+    __slots__ = ("arrays", "frames", "layout_json")
+
+    def __init__(self, buffers, limit: int = 0):
+        self.arrays = list(buffers)
+        views = [_as_bytes_view(b) for b in self.arrays]
+        if len(views) > 1:
+            # small arrays travel together in one frame (a copy is cheaper than a frame each);
+            # large ones keep a frame of their own and are sent without a copy
+            layout, self.frames = pack(views, limit or DEFAULT_MAX_FRAME_BYTES)
+            self.layout_json = json.dumps(layout, separators=(",", ":"))
+        else:
+            self.frames, self.layout_json = views, None
+
+    def __len__(self) -> int:
+        """The arrays (not frames) it carries."""
+        return len(self.arrays)
+
+    def __iter__(self):
+        return iter(self.arrays)
 
 
 def pack(views, limit: int = DEFAULT_MAX_FRAME_BYTES) -> tuple[list, list]:

@@ -15,6 +15,7 @@ import kvstore_ext  # noqa: F401  (registers the stores)
 from kvstore_ext import registry
 from kvstore_ext.metrics import ServerMetrics
 from kvstore_ext.ps import server as S
+from kvstore_ext.ps.transport import Codec
 
 
 class Clock:
@@ -49,7 +50,8 @@ def make_server(store, params, workers, grouped, sizes, dtypes, optimizer=None):
     group (``grouped``) or a group each; its replies are kept in ``.sent`` by sequence number."""
     s = S.Server.__new__(S.Server)
     s.slots, s.homes, s.groups, s.group_epoch, s.routes = {}, {}, [], 0, {}
-    s.last_values = (None, [])
+    s.last_values = (None, None)
+    s.codec = Codec(b"harness-secret-0123456789")
     s.init_waiting, s.init_seen, s.init_declared = [], {}, {}
     s.optimizer, s.pooled, s.joined, s.handler = None, False, set(), None
     s.failure, s.failure_kind = None, "error"

@@ -330,3 +330,54 @@ def test_a_model_copied_in_one_piece_travels_in_one_frame():
     assert len(frames) == 2 and frames[0] == b""
     assert [f for f, _, _ in layout] == [1] * 8
     assert np.shares_memory(np.frombuffer(frames[1], np.float32), weights)
+
+
+def test_replies_that_share_a_packed_set_of_arrays_open_as_if_each_were_packed_alone():
+    """A round's replies carry one Packed (cut into frames once): each message still has
+    its own header, counter and authenticator, and opens to the same arrays; the frames are
+    the same memory, not copies."""
+    from kvstore_ext.ps.transport import Packed
+    weights = np.arange(40_000, dtype=np.float32)
+    values = [weights[:10], weights[10:30_000], weights[30_000:]]
+    sender, receiver = Codec(SECRET), Codec(SECRET, names=["worker:0", "worker:1"])
+    shared = sender.packed(values)
+    assert isinstance(shared, Packed) and len(shared) == 3
+    outbox = sender.outbox()
+    first = sender.seal({"op": "reply", "seq": 1}, shared, to="worker:0", outbox=outbox)
+    second = sender.seal({"op": "reply", "seq": 7}, shared, to="worker:1", outbox=outbox)
+    alone = sender.seal({"op": "reply", "seq": 1}, values, to="worker:0")
+    assert first[2:] == second[2:] and first[1] != second[1]
+    assert len(first) == len(alone) and [bytes(f) for f in first[2:]] == [bytes(f) for f in alone[2:]]
+    for frames, seq in ((first, 1), (second, 7)):
+        header, bufs = receiver.open([bytes(f) for f in frames])
+        assert header == {"op": "reply", "seq": seq}
+        for buf, v in zip(bufs, values):
+            np.testing.assert_array_equal(array_from_buffer(buf, "<f4", v.shape), v)
+    single = sender.packed([weights])       # one array: no layout in the header
+    header, bufs = receiver.open([bytes(f) for f in sender.seal({"op": "reply"}, single,
+                                                                to="worker:0")])
+    assert header == {"op": "reply"} and bytes(bufs[0]) == weights.tobytes()
+
+
+def test_a_request_like_a_valid_one_is_let_through_and_any_other_still_checked():
+    """The items of each worker's last valid request of each op are remembered: the same
+    items again skip the checks of their fields; different ones, or another worker's, are
+    checked in full, so a malformed request is refused however many valid ones came before."""
+    from kvstore_ext.ps.protocol import ProtocolError, check_request
+    valid: dict = {}
+    base = {"op": "pushpull", "seq": 1, "worker": 1, "reply_to": "r"}
+    items = [[0, 0, "<f4", 6], ["w", 1, "<f2", 5]]
+    check_request({**base, "items": items}, 2, valid)
+    assert valid == {(1, "pushpull"): items}
+    check_request({**base, "items": [list(i) for i in items]}, 2, valid)     # equal: let through
+    for bad, problem in (([[0, 0, "O", 6]], "dtype"), (items + [items[0]], "named twice"),
+                         ([[0, -1, "<f4", 6]], "block")):
+        with pytest.raises(ProtocolError, match=problem):
+            check_request({**base, "items": bad}, 2, valid)
+        with pytest.raises(ProtocolError, match=problem):
+            check_request({**base, "worker": 0, "items": bad}, 2, valid)
+    assert valid == {(1, "pushpull"): items}        # refused items are never remembered
+    with pytest.raises(ProtocolError, match="worker"):  # checked before any look-up
+        check_request({**base, "worker": [1], "items": items}, 2, valid)
+    with pytest.raises(ProtocolError, match="seq"):     # the other fields are always checked
+        check_request({**base, "seq": -1, "items": items}, 2, valid)

@@ -41,17 +41,54 @@ def pushed(plan):
     return {(b.key, b.index): buf for _, bufs, where in plan.values() for b, buf in zip(where, bufs)}
 
 
-def test_a_calls_gradients_are_slices_of_one_staging_buffer(kv):
+def test_a_calls_gradients_are_staged_side_by_side_in_each_servers_buffer(kv):
+    """Keys 1 and 3 (server 1) lie side by side in server 1's buffer though key 2 (server 0)
+    comes between them, and a later call's keys follow them there: one frame a message.
+    Key 0, cut across both servers, is staged whole in its first block's server's buffer."""
+    kv._meta[3] = ((4,), F32)
     g0 = mx.nd.arange(6).reshape((2, 3))
-    g1 = mx.nd.array([7, 8, 9, 10])
-    plan = kv._plan("pushpull", [(0, g0), (1, g1)])
+    g1, g3 = mx.nd.array([7, 8, 9, 10]), mx.nd.array([1, 2, 3, 4])
+    g2 = mx.nd.ones((2, 2), dtype="float64")
+    plan = kv._plan("pushpull", [(0, g0), (1, g1), (2, g2), (3, g3)])
     bufs = pushed(plan)
-    assert sorted(bufs) == [(0, 0), (0, 1), (1, 0)]        # 6 elements: split over 2 servers
+    assert sorted(bufs) == [(0, 0), (0, 1), (1, 0), (2, 0), (3, 0)]   # key 0 cut in two
     assert np.array_equal(np.concatenate([bufs[0, 0], bufs[0, 1]]), np.arange(6))
-    assert np.array_equal(bufs[1, 0], [7, 8, 9, 10])
-    assert len({id(owner(b)) for b in bufs.values()}) == 1
+    assert np.array_equal(bufs[1, 0], [7, 8, 9, 10]) and np.array_equal(bufs[3, 0], [1, 2, 3, 4])
     items = {s: its for s, (its, _, _) in plan.items()}
-    assert items == {0: [[0, 0, "<f4", 3]], 1: [[0, 1, "<f4", 3], [1, 0, "<f4", 4]]}
+    assert items == {0: [[0, 0, "<f4", 3], [2, 0, "<f8", 4]],
+                     1: [[0, 1, "<f4", 3], [1, 0, "<f4", 4], [3, 0, "<f4", 4]]}
+    address = lambda a: a.__array_interface__["data"][0]
+    assert owner(bufs[0, 0]) is owner(bufs[0, 1]) is owner(bufs[2, 0])
+    assert owner(bufs[1, 0]) is owner(bufs[3, 0]) is not owner(bufs[0, 0])
+    assert address(bufs[0, 1]) == address(bufs[0, 0]) + 12          # key 0 whole
+    assert address(bufs[2, 0]) == address(bufs[0, 0]) + 24          # 24 bytes, 8-aligned
+    assert address(bufs[3, 0]) == address(bufs[1, 0]) + 16
+    later = pushed(kv._plan("pushpull", [(1, g1)]))[1, 0]
+    assert owner(later) is owner(bufs[1, 0]) and address(later) == address(bufs[3, 0]) + 16
+
+
+def test_keys_that_alternate_between_servers_travel_as_one_frame_to_each():
+    """ResNet-20's shapes on two servers: its keys alternate between them, and each server's
+    push from a worker is one frame besides the header's, as the planner counts it."""
+    from kvstore_ext.plan.jobs import model_shapes
+    from kvstore_ext.plan.model import staged_frames
+    from kvstore_ext.ps.transport import Codec
+
+    def no_job(self):
+        self._type = "dist_bsp"
+        self._part = Partitioner(2)
+        self._meta = {k: (tuple(s), F32) for k, s in enumerate(model_shapes("cifar_resnet20_v1"))}
+    kv = ParameterServerStore.__new__(ParameterServerStore)
+    no_job(kv)
+    grads = [mx.nd.ones(shape) * k for k, (shape, _) in kv._meta.items()]
+    plan = kv._plan("pushpull", list(enumerate(grads)))
+    codec = Codec(b"0" * 32)
+    model = staged_frames([plan[s][2] for s in (0, 1)])
+    for server, (_, bufs, where) in plan.items():
+        frames = codec.seal({"op": "pushpull"}, bufs, to="server:%d" % server)
+        assert len(frames) - 3 == 1 == model[server], server
+        for b, buf in zip(where, bufs):
+            assert np.all(buf == b.key)
 
 
 def test_values_of_several_devices_are_summed_in_the_order_given(kv):
@@ -84,7 +121,7 @@ def test_a_wrong_value_is_refused_before_anything_is_read(kv, value, message):
     with pytest.raises(KVStoreError) as err:
         kv._plan("pushpull", [(1, good), (0, value)])
     assert str(err.value) == message
-    assert kv._staging._used == 0
+    assert all(lane._used == 0 for lane in kv._staging.values())
 
 
 def test_an_unknown_key_is_refused(kv):

@@ -259,18 +259,17 @@ def staged_frames(blocks_by_server) -> list[int]:
     lie back to back with ``protocol.OWN_FRAME_BYTES`` or more together as one frame, a larger
     block alone as one (``protocol.frames_of``).  Keys whose sizes are multiples of 8 bytes,
     none cut across servers: one frame per server."""
-    keys: dict = {}                 # key -> [the server of its first block, its elements]
+    lane, elements = {}, {}         # key -> the server of its first block; its elements
     for b in (b for blocks in blocks_by_server for b in blocks):
-        key = keys.setdefault(b.key, [b.server, 0])
-        key[0] = b.server if b.index == 0 else key[0]
-        key[1] = max(key[1], b.stop)
-    lanes: dict[int, int] = {}      # server -> bytes staged in its buffer so far
+        if b.index == 0:
+            lane[b.key] = b.server
+        elements[b.key] = max(elements.get(b.key, 0), b.stop)
+    staged: dict[int, int] = {}     # server -> bytes in its buffer so far
     where: dict = {}                # key -> (its buffer, its offset there)
-    for k in sorted(keys, key=_key_order):
-        lane, size = keys[k]
-        offset = layout([lanes.get(lane, 0)])[1]
-        where[k] = (lane, offset)
-        lanes[lane] = offset + BYTES_PER_PARAM * size
+    for k in sorted(lane, key=_key_order):
+        offset = layout([staged.get(lane[k], 0)])[1]     # the next aligned offset
+        where[k] = (lane[k], offset)
+        staged[lane[k]] = offset + BYTES_PER_PARAM * elements[k]
     frames = []
     for blocks in blocks_by_server:
         places = []

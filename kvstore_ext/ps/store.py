@@ -8,10 +8,11 @@ arrays by an operation in MXNet's engine (see ``engine``), so that, as with
 MXNet's own stores, whatever reads them waits for them and nothing else does.
 
 A round costs MXNet little: each gradient is copied once, by MXNet, straight
-into the message to its server (``Staging``, one per server); arrays already checked are not asked about
-again (``CheckedArrays``); the replies of all the calls of a round are
-written in one pass when they come (``WriteBack``), into the store's own copy of
-each key (``ReplySlots``), which MXNet copies into each call's weights.
+into the message to its server (``Staging``, one per server); arrays already
+checked are not asked about again (``CheckedArrays``); the replies of all the
+calls of a round are written in one pass when they come (``WriteBack``), into the
+store's own copy of each key (``ReplySlots``), which MXNet copies into each call's
+weights.
 """
 from __future__ import annotations
 

@@ -305,13 +305,13 @@ class Packed:
 
     __slots__ = ("arrays", "frames", "layout_json")
 
-    def __init__(self, buffers, limit: int = 0):
+    def __init__(self, buffers, limit: int = DEFAULT_MAX_FRAME_BYTES):
         self.arrays = list(buffers)
         views = [_as_bytes_view(b) for b in self.arrays]
         if len(views) > 1:
             # small arrays travel together in one frame (a copy is cheaper than a frame each);
             # large ones keep a frame of their own and are sent without a copy
-            layout, self.frames = pack(views, limit or DEFAULT_MAX_FRAME_BYTES)
+            layout, self.frames = pack(views, limit)
             self.layout_json = json.dumps(layout, separators=(",", ":"))
         else:
             self.frames, self.layout_json = views, None

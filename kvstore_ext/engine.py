@@ -214,10 +214,16 @@ def host_view(array, shape=None, dtype=None) -> np.ndarray:
     size = math.prod(shape)
     if size == 0:
         return np.empty(shape, dtype)
+    memory = (ctypes.c_char * (size * dtype.itemsize)).from_address(data_address(array))
+    return np.frombuffer(memory, dtype=dtype).reshape(shape)
+
+
+def data_address(array) -> int:
+    """Where a CPU NDArray's memory begins, as MXNet says (one C call; an array held in an
+    MKL-DNN layout is brought back to the default one first, which waits for the engine)."""
     ptr = ctypes.c_void_p()
     check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
-    memory = (ctypes.c_char * (size * dtype.itemsize)).from_address(ptr.value)
-    return np.frombuffer(memory, dtype=dtype).reshape(shape)
+    return ptr.value or 0
 
 
 def wait_to_write(array) -> None:
@@ -258,15 +264,18 @@ class Copy:
                                                  ctypes.byref(no_stypes)))
 
 
-def copy_to_host(array, dest: np.ndarray) -> None:
+def copy_to_host(array, dest: np.ndarray, address: int | None = None) -> None:
     """MXNet copies ``array`` into ``dest`` (C-contiguous, as many elements, the same dtype),
-    on this thread, once whatever computes ``array`` is done.
+    on this thread, once whatever computes ``array`` is done.  ``address``: where ``dest``
+    begins, if the caller knows (asking numpy costs about a microsecond a call).
 
     One C call: the array may live on any device or in an MKL-DNN layout (MXNet converts it
     on the way), and no engine operation is pushed, so the values are those of the array at
     this point of the program, as a push's read of them would be in MXNet's own stores.
     """
-    check_call(_LIB.MXNDArraySyncCopyToCPU(array.handle, ctypes.c_void_p(dest.ctypes.data),
+    if address is None:
+        address = dest.ctypes.data
+    check_call(_LIB.MXNDArraySyncCopyToCPU(array.handle, ctypes.c_void_p(address),
                                            ctypes.c_size_t(dest.size)))
 
 
@@ -297,11 +306,20 @@ class Destination:
     """Where an engine operation writes an output array: its memory, located up front
     (:func:`settled_view`; ``shape`` and ``dtype`` if the caller knows them)."""
 
-    __slots__ = ("array", "flat")
+    __slots__ = ("array", "flat", "address")
 
     def __init__(self, array, shape=None, dtype=None):
         self.array = array
         self.flat = settled_view(array, shape, dtype).reshape(-1)
+        self.address = self.flat.ctypes.data if self.flat.size else None
+
+    def in_place(self) -> bool:
+        """Whether MXNet still says the array's memory is where it was located, so that this
+        destination may serve a later call (one C call, where locating anew costs ~5 us: the
+        wait, the view).  Asking also brings an array that MXNet has since put in an MKL-DNN
+        layout (an inference pass) back to the default layout, as locating it did; an
+        array's memory, once it has some, is otherwise never replaced."""
+        return self.address is not None and data_address(self.array) == self.address
 
     def write(self, parts) -> None:
         """Copy in ``(start, stop, values)`` parts of the flattened array (the whole array, or

@@ -9,10 +9,12 @@ MXNet's own stores, whatever reads them waits for them and nothing else does.
 
 A round costs MXNet little: each gradient is copied once, by MXNet, straight
 into the message to its server (``Staging``, one per server); arrays already
-checked are not asked about again (``CheckedArrays``); the replies of all the
-calls of a round are written in one pass when they come (``WriteBack``), into the
-store's own copy of each key (``ReplySlots``), which MXNet copies into each call's
-weights.
+checked are not asked about again (``CheckedArrays``), and a call that repeats the
+last one of its kind with the very same keys and arrays is not checked or looked
+up again at all, its output arrays' memory located once (``SameCall``,
+``OutArray.place``); the replies of all the calls of a round are written in one
+pass when they come (``WriteBack``), into the store's own copy of each key
+(``ReplySlots``), which MXNet copies into each call's weights.
 """
 from __future__ import annotations
 
@@ -24,7 +26,6 @@ import os
 import pickle
 import threading
 import time
-from typing import NamedTuple
 
 import mxnet as mx
 import numpy as np
@@ -32,7 +33,8 @@ from mxnet.kvstore import KVStoreBase
 
 from .. import registry
 from .. import engine
-from .batching import CHUNK_BYTES, MIN_CHUNK_BYTES, CheckedArrays, Coalescer, Staging, WriteBack
+from .batching import (CHUNK_BYTES, MIN_CHUNK_BYTES, CheckedArrays, Coalescer, SameCall,
+                       Staging, WriteBack)
 from .link import Connection, unseen
 from ..errors import KVStoreError
 from ..keys import MXNetCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
@@ -58,12 +60,24 @@ def _shared_connection(store: registry.StoreConfig) -> Connection:
     return _connection
 
 
-class OutArray(NamedTuple):
-    """What an output array is, learned once while the caller keeps passing it."""
+class OutArray:
+    """What an output array is, learned once while the caller keeps passing it, and where
+    its values were last written (kept while its memory stays there: :meth:`place`)."""
 
-    shape: tuple
-    dtype: np.dtype
-    on_cpu: bool     # MXNet's engine hands us its memory; otherwise it is copied in
+    __slots__ = ("shape", "dtype", "on_cpu", "destination")
+
+    def __init__(self, shape: tuple, dtype: np.dtype, on_cpu: bool):
+        self.shape, self.dtype = shape, dtype
+        self.on_cpu = on_cpu     # MXNet's engine hands us its memory; otherwise it is copied in
+        self.destination: engine.Destination | None = None
+
+    def place(self, array) -> engine.Destination:
+        """Where a call writes ``array`` (this array, a CPU one): the last call's destination
+        while MXNet says its memory is still there, else located anew."""
+        d = self.destination
+        if d is None or d.array is not array or not d.in_place():
+            d = self.destination = engine.Destination(array, self.shape, self.dtype)
+        return d
 
 
 class ParameterServerStore(MXNetCalls, KVStoreBase):
@@ -107,6 +121,11 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
     def _checked(self) -> CheckedArrays:
         """The arrays of each key (values, outputs) that passed their checks last time."""
         return CheckedArrays()
+
+    @functools.cached_property
+    def _same(self) -> SameCall:
+        """The last call of each kind, checked and planned, kept while calls repeat it."""
+        return SameCall()
 
     # -- properties MXNet asks for ----------------------------------------------------------
     @property
@@ -245,8 +264,7 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
             batch = self._coalescer.add(op, key, plan)
             copied = self._slots.copy_out(batch, key, [o for _, o in targets], self._meta[key])
         if in_engine and not copied:
-            places = {h: engine.Destination(o, kinds[h].shape, kinds[h].dtype)
-                      for h, o in distinct.items()}
+            places = {h: kinds[h].place(o) for h, o in distinct.items()}
             targets = [(k, places[o.handle.value]) for k, o in targets]
             self._writing_to(targets)
         if coalesced:
@@ -349,6 +367,9 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         write them: ascending keys (string keys in the order they were first initialised,
         as MXNet numbers them), each key's arrays in the order given; the last one wins.
         """
+        kept = self._same.get("out", outs)
+        if kept is not None:
+            return kept
         targets, kinds = [], {}
         for k, out in outs:
             k = _check_key(k)
@@ -372,6 +393,8 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
             first_init = {k: i for i, k in enumerate(self._meta)}
             targets.sort(key=lambda t: (1, first_init.get(t[0], 0)) if isinstance(t[0], str)
                          else (0, t[0]))
+        if all(k in self._meta for k, _ in targets):
+            self._same.put("out", outs, (targets, kinds))
         return targets, kinds
 
     def _plan(self, op: str, pairs):
@@ -381,16 +404,19 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         sends nothing; the gradients are then copied into each server's staging buffer
         (:meth:`_stage`), one segment per block.
         """
-        keys = []   # (key, dtype, blocks, the pushed arrays or None)
-        for k, v in pairs:
-            k = _check_key(k)
-            meta = self._meta.get(k)
-            if meta is None:
-                raise KVStoreError(f"key {k!r} has not been initialised on this kvstore "
-                                   f"(call kv.init({k!r}, value) or kv.broadcast first)")
-            shape, dtype = meta
-            keys.append((k, dtype, self._part.blocks(k, math.prod(shape)),
-                         None if v is None else self._checked_value(k, v, shape, dtype)))
+        keys = self._same.get(op, pairs)   # (key, dtype, blocks, the pushed arrays or None)
+        if keys is None:
+            keys = []
+            for k, v in pairs:
+                k = _check_key(k)
+                meta = self._meta.get(k)
+                if meta is None:
+                    raise KVStoreError(f"key {k!r} has not been initialised on this kvstore "
+                                       f"(call kv.init({k!r}, value) or kv.broadcast first)")
+                shape, dtype = meta
+                keys.append((k, dtype, self._part.blocks(k, math.prod(shape)),
+                             None if v is None else self._checked_value(k, v, shape, dtype)))
+            self._same.put(op, pairs, keys)
         plan: dict[int, tuple[list, list, list]] = {}
         for (k, dtype, blocks, _), staged in zip(keys, self._stage(keys)):
             for i, b in enumerate(blocks):
@@ -430,14 +456,16 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         for _, dtype, blocks, arrays in keys:
             if arrays is not None:
                 sizes.setdefault(blocks[0].server, []).append(blocks[-1].stop * dtype.itemsize)
-        segments = {server: iter(self._staging[server].take(n)) for server, n in sizes.items()}
+        segments = {server: zip(*self._staging[server].take_placed(n))
+                    for server, n in sizes.items()}
         staged = []
         for _, dtype, blocks, arrays in keys:
             if arrays is None:
                 staged.append(None)
                 continue
-            flat = next(segments[blocks[0].server]).view(dtype)
-            engine.copy_to_host(arrays[0], flat)
+            segment, address = next(segments[blocks[0].server])
+            flat = segment.view(dtype)
+            engine.copy_to_host(arrays[0], flat, address)
             for a in arrays[1:]:     # the other devices' values, summed in the order given
                 extra = np.empty(flat.size, dtype)
                 engine.copy_to_host(a, extra)

@@ -4,7 +4,7 @@ import threading
 import numpy as np
 import pytest
 
-from kvstore_ext.ps.batching import CheckedArrays, Coalescer, Staging, WriteBack
+from kvstore_ext.ps.batching import CheckedArrays, Coalescer, SameCall, Staging, WriteBack
 from kvstore_ext.ps.protocol import ALIGN, layout
 
 
@@ -90,6 +90,33 @@ def test_another_array_for_a_key_is_checked_again_and_replaces_the_entry():
     fresh = Array(3)
     checked.put(0, [fresh], "new")
     assert checked.get(0, [fresh]) == "new" and checked.get(0, [g]) is None
+
+
+def test_a_call_is_the_same_only_with_the_same_keys_and_arrays_in_order():
+    same = SameCall()
+    g0, g1, w = Array(1), Array(2), Array(3)
+    call = [(0, g0), (1, [g1, w]), ("k", None)]
+    assert same.get("pushpull", call) is None
+    same.put("pushpull", call, "plan")
+    assert same.get("pushpull", [(0, g0), (1, [g1, w]), ("k", None)]) == "plan"
+    assert same.get("pushpull", [(0, g0), (1, (g1, w)), ("k", None)]) == "plan"
+    assert same.get("pull", call) is None                               # another kind
+    for other in ([(0, g0), (1, [g1, w])],                              # a key fewer
+                  [(1, [g1, w]), (0, g0), ("k", None)],                 # another order
+                  [(0, g0), (1, [w, g1]), ("k", None)],                 # devices swapped
+                  [(0, g0), (1, [g1]), ("k", None)],
+                  [(0, Array(1)), (1, [g1, w]), ("k", None)],           # same handle, new array
+                  [(0, g0), (1, [g1, w]), ("k", g0)],                   # a value where none was
+                  [(True, g0), (1, [g1, w]), ("k", None)],              # equal, not the same key
+                  [(0.0, g0), (1, [g1, w]), ("k", None)]):
+        assert same.get("pushpull", other) is None, other
+    g0.handle = Handle(9)                                               # a handle changed
+    assert same.get("pushpull", call) is None
+    same.put("pushpull", [(0, g1)], "other")             # one entry per kind and first key
+    assert same.get("pushpull", [(0, g1)]) == "other" and same.get("pushpull", call) is None
+    same.put("pushpull", [(1, g1)], "per key")
+    assert same.get("pushpull", [(1, g1)]) == "per key" and same.get("pushpull", [(0, g1)])
+    assert same.get("pushpull", [([0], g1)]) is None                    # unhashable: not kept
 
 
 # -- writing a round's values back ----------------------------------------------------------------------

@@ -161,7 +161,8 @@ def test_outputs_are_checked_once_and_ordered_as_mxnet_writes_them(kv):
     a, b = mx.nd.zeros((4,)), mx.nd.zeros((4,))
     targets, kinds = kv._targets([(3, a), (1, [b, a])])   # a twice: ascending keys
     assert [(k, o is a) for k, o in targets] == [(1, False), (1, True), (3, True)]
-    assert kinds[a.handle.value] == ((4,), F32, True)
+    kind = kinds[a.handle.value]
+    assert (kind.shape, kind.dtype, kind.on_cpu) == ((4,), F32, True)
     assert kv._checked.get((1, "out"), [b, a]) is not None
     with pytest.raises(KVStoreError, match=r"key 1: out has shape \(2, 3\), but the key has "
                                            r"shape \(4,\)"):
@@ -179,6 +180,72 @@ def test_a_sparse_array_is_refused_by_name_after_dense_ones_have_passed(kv):
     with pytest.raises(KVStoreError, match="key 1: the out array has csr storage"):
         kv._targets([(1, mx.nd.zeros((1, 4)).tostype("csr"))])
     assert np.array_equal(pushed(kv._plan("pushpull", [(1, dense)]))[1, 0], np.ones(4))
+
+
+def test_a_call_repeated_with_the_same_arrays_is_planned_as_a_fresh_one(kv):
+    """A list call kept (its checks and blocks) serves the same call again: the same items,
+    the values read anew; any change of key, array or order is checked from scratch."""
+    kv._meta[3] = ((4,), F32)
+    g0, g1, g3 = mx.nd.arange(6).reshape((2, 3)), mx.nd.ones((4,)), mx.nd.zeros((4,))
+    call = [(0, g0), (1, [g1, g3]), (3, g3)]
+    first = kv._plan("pushpull", call)
+    assert kv._same.get("pushpull", call) is not None
+    g1[:] = 7
+    again = kv._plan("pushpull", list(call))
+    fresh = ParameterServerStore()
+    fresh._meta[3] = ((4,), F32)
+    assert {s: its for s, (its, _, _) in again.items()} == \
+        {s: its for s, (its, _, _) in fresh._plan("pushpull", call).items()} == \
+        {s: its for s, (its, _, _) in first.items()}
+    assert np.array_equal(pushed(again)[1, 0], np.full(4, 7)) and \
+        np.array_equal(pushed(first)[1, 0], np.ones(4))
+    with pytest.raises(KVStoreError, match=r"key 1: pushed shape \(2, 2\)"):
+        kv._plan("pushpull", [(0, g0), (1, [g1, mx.nd.ones((2, 2))]), (3, g3)])
+    with pytest.raises(KVStoreError, match="key 2: pushed dtype float32"):
+        kv._plan("pushpull", [(0, g0), (2, mx.nd.ones((2, 2))), (3, g3)])
+    with pytest.raises(TypeError, match="kvstore keys are int or str, got True"):
+        kv._plan("pushpull", [(0, g0), (True, [g1, g3]), (3, g3)])
+    swapped = kv._plan("pushpull", [(3, g3), (0, g0), (1, [g1, g3])])
+    assert swapped[1][0][0] == [3, 0, "<f4", 4]
+
+
+def test_a_pull_and_a_push_keep_one_call_each(kv):
+    g = mx.nd.ones((4,))
+    kv._plan("pushpull", [(1, g)])
+    kv._plan("pull", [(1, None)])
+    assert kv._same.get("pushpull", [(1, g)]) is not None
+    assert kv._same.get("pull", [(1, None)]) is not None
+    assert kv._same.get("pull", [(1, g)]) is None and kv._same.get("pushpull", [(1, None)]) is None
+
+
+@pytest.mark.parametrize("shape", [(16, 16, 3, 3), (8, 3, 3, 3)])
+def test_a_kept_destination_writes_weights_an_inference_pass_put_in_mkldnn_layout(kv, shape):
+    """MXNet's MKL-DNN convolution, outside training, moves its weight array into a layout of
+    its own; values written there in the default layout would be read scrambled (the raw
+    write below shows that it happens here).  A destination kept from an earlier call asks
+    MXNet for the array's memory again, which brings the array back first."""
+    w = mx.nd.random.uniform(shape=shape)
+    kv._meta[5] = (shape, F32)
+    _, kinds = kv._targets([(5, w)])
+    first = kinds[w.handle.value].place(w)
+    values = np.arange(w.size, dtype=np.float32)
+
+    def convolve():
+        x = mx.nd.random.uniform(shape=(1, shape[1], 8, 8))
+        mx.nd.Convolution(x, w, num_filter=shape[0], kernel=(3, 3), no_bias=True).wait_to_read()
+
+    convolve()
+    first.write([(0, w.size, values)])                 # unchecked: scrambled
+    assert not np.array_equal(w.asnumpy().reshape(-1), values)
+    convolve()
+    _, kinds = kv._targets([(5, w)])
+    again = kinds[w.handle.value].place(w)
+    assert again is first                              # the memory did not move
+    again.write([(0, w.size, values)])
+    assert np.array_equal(w.asnumpy().reshape(-1), values)
+    other = mx.nd.zeros(shape)
+    _, kinds = kv._targets([(5, other)])
+    assert kinds[other.handle.value].place(other).array is other
 
 
 # -- writing weights back through MXNet's engine -----------------------------------------------------

@@ -94,16 +94,28 @@ class CheckedArrays:
     def get(self, slot, arrays):
         """What was learned (never None) when these very ``arrays`` passed for ``slot``, or None."""
         entry = self._entries.get(slot)
-        if entry is None or len(entry[0]) != len(arrays):
+        if entry is None or not _same_arrays(arrays, entry[0]):
             return None
-        known, handles, learned = entry
-        for a, b, handle in zip(arrays, known, handles):
-            if a is not b or a.handle.value != handle:
-                return None
-        return learned
+        return entry[1]
 
     def put(self, slot, arrays, learned) -> None:
-        self._entries[slot] = (tuple(arrays), tuple(a.handle.value for a in arrays), learned)
+        self._entries[slot] = (_known(arrays), learned)
+
+
+def _known(arrays) -> tuple:
+    """``arrays`` as :func:`_same_arrays` recognises them: each with its handle."""
+    return tuple((a, a.handle.value) for a in arrays)
+
+
+def _same_arrays(arrays, known) -> bool:
+    """Whether ``arrays`` are the very arrays ``known`` (from :func:`_known`) holds, in order:
+    the same objects with the same handles."""
+    if len(arrays) != len(known):
+        return False
+    for a, (b, h) in zip(arrays, known):
+        if a is not b or a.handle.value != h:
+            return False
+    return True
 
 
 class SameCall:
@@ -135,30 +147,23 @@ class SameCall:
         if entry is None or len(entry[0]) != len(pairs):
             return None
         known, kept = entry
-        for (k, v), (k0, arrays, handles) in zip(pairs, known):
+        for (k, v), (k0, arrays) in zip(pairs, known):
             if k.__class__ is not k0.__class__ or k != k0:
                 return None
             if v is None or arrays is None:
                 if v is not arrays:
                     return None
             elif v.__class__ is list or v.__class__ is tuple:
-                if len(v) != len(arrays) or any(
-                        a is not b or a.handle.value != h for a, b, h in zip(v, arrays, handles)):
+                if not _same_arrays(v, arrays):
                     return None
-            elif len(arrays) != 1 or v is not arrays[0] or v.handle.value != handles[0]:
-                return None
+            elif len(arrays) != 1 or arrays[0][0] is not v or arrays[0][1] != v.handle.value:
+                return None     # _same_arrays((v,), arrays), inline: one array is the usual case
         return kept
 
     def put(self, kind, pairs, kept) -> None:
-        known = []
-        for k, v in pairs:
-            arrays = None if v is None else tuple(v) if isinstance(v, (list, tuple)) else (v,)
-            known.append((k, arrays, None if arrays is None else
-                          tuple(a.handle.value for a in arrays)))
+        known = [(k, None if v is None else _known(v if isinstance(v, (list, tuple)) else (v,)))
+                 for k, v in pairs]
         self._entries[self._slot(kind, pairs)] = (known, kept)
-
-    def clear(self) -> None:
-        self._entries.clear()
 
 
 class WriteBack:

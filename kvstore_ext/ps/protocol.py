@@ -164,7 +164,9 @@ def check_request(header: dict, num_workers: int, valid_items: dict | None = Non
     ``valid_items``: the items of each worker's last well-formed request of each op, kept
     here.  A worker's step sends the same items every round (keys, blocks, dtypes, sizes), so
     from the second round on its items cost one comparison of lists, not a check of every
-    field of every item (65 items a ResNet-20 push)."""
+    field of every item (65 items a ResNet-20 push).  Python's comparison: an item equal to a
+    valid one (``4.0`` for ``4``) passes as that one, and is served as that one, since the server
+    resolves items by value (``Server.route``) and checks each buffer's bytes."""
     op = header.get("op")
     if op not in ITEM_OPS and op not in OTHER_OPS:
         raise ProtocolError(f"unknown operation {op!r:.80}")

@@ -1,6 +1,7 @@
 """Counters every store reports: readable live with ``kv.stats()``, written as JSON at the end."""
 from __future__ import annotations
 
+import collections
 import json
 import os
 import resource
@@ -121,7 +122,7 @@ class WorkerMetrics:
     """Per worker: iterations, compute time, time waiting for OK, bytes moved."""
 
     def __init__(self) -> None:
-        self.pushes: dict[object, int] = {}
+        self.pushes: collections.Counter = collections.Counter()   # key -> pushes
         self.calls = 0
         self.wait_time = 0.0
         self.compute_time = 0.0
@@ -147,8 +148,7 @@ class WorkerMetrics:
         self.wait_time += seconds
 
     def count_pushes(self, keys) -> None:
-        for k in keys:
-            self.pushes[k] = self.pushes.get(k, 0) + 1
+        self.pushes.update(keys)
 
     @property
     def iterations(self) -> int:

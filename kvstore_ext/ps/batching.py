@@ -27,8 +27,10 @@ import time
 
 import numpy as np
 
+from ..engine import HostCopies
 from .link import unseen
 from .protocol import layout
+from .transport import RegionLayout
 
 QUIET = 0.001
 #: the longest wait between two looks at a caller that is at work (preempted, or busy)
@@ -67,14 +69,82 @@ class Staging:
         """:meth:`take`'s segments, and the address of each (what MXNet's copy is given:
         asking numpy for it costs about a microsecond a segment, 65 a ResNet-20 step)."""
         offsets, total = layout(sizes)
+        region, at = self.take_region(total)
+        return [region[o:o + n] for o, n in zip(offsets, sizes)], [at + o for o in offsets]
+
+    def take_region(self, total: int) -> tuple[np.ndarray, int]:
+        """``total`` fresh bytes (a multiple of ``ALIGN``) in one piece, and their address."""
         if self._used + total > self._buffer.size:
             self._buffer = np.empty(max(total, self._chunk_bytes), np.uint8)
             self._address = self._buffer.ctypes.data
             self._used = 0
         base, self._used = self._used, self._used + total
-        buffer, at = self._buffer, self._address + base
-        return ([buffer[base + o:base + o + n] for o, n in zip(offsets, sizes)],
-                [at + o for o in offsets])
+        return self._buffer[base:base + total], self._address + base
+
+
+class StagedCall:
+    """A checked call's keys (``(key, dtype, blocks, the pushed arrays or None)``, as
+    :class:`SameCall` keeps them) and, once the call has come a second time, how its
+    gradients reach each server: ``messages``, server -> :class:`StagedMessage`, or empty
+    when the call has something the plain way must handle (a pull-only key, a key pushed
+    from several devices or cut across servers, small arrays ``pack`` would copy)."""
+
+    __slots__ = ("keys", "messages")
+
+    def __init__(self, keys):
+        self.keys = keys
+        self.messages: dict | None = None     # not worked out yet
+
+    def work_out(self, staging_of, limit: int) -> dict:
+        """:attr:`messages`, worked out now (``staging_of(server)`` is its staging buffer)."""
+        by_server: dict = {}
+        for key, dtype, blocks, arrays in self.keys:
+            if arrays is None or len(arrays) != 1 or len(blocks) != 1:
+                self.messages = {}
+                return self.messages
+            by_server.setdefault(blocks[0].server, []).append((key, dtype, blocks[0], arrays[0]))
+        self.messages = {}
+        for server, entries in by_server.items():
+            message = StagedMessage(entries, staging_of(server), limit)
+            if message.layout is not None and not message.layout.usable:
+                self.messages = {}
+                break
+            self.messages[server] = message
+        return self.messages
+
+
+class StagedMessage:
+    """One server's part of a repeated call, worked out once: its items, its blocks, MXNet's
+    copies of the gradients into one region of the server's staging buffer (at the offsets
+    a fresh call would stage them at) and how that region is cut into frames.  A call then
+    costs one C call per gradient and no other work per key.  A message of one array (a
+    per-key call, which a batch may join to others) carries it as a plain buffer."""
+
+    __slots__ = ("items", "where", "total", "copies", "layout", "staging", "_single")
+
+    def __init__(self, entries, staging: Staging, limit: int):
+        self.items = [(key, block.index, dtype.str, block.size) for key, dtype, block, _ in entries]
+        self.where = [block for _, _, block, _ in entries]
+        sizes = [block.stop * dtype.itemsize for _, dtype, block, _ in entries]
+        offsets, self.total = layout(sizes)
+        self.copies = HostCopies([array for *_, array in entries], offsets)
+        dtypes = [dtype for _, dtype, _, _ in entries]
+        self._single = (sizes[0], dtypes[0]) if len(entries) == 1 else None
+        self.layout = None if self._single else RegionLayout(offsets, sizes, dtypes, self.total,
+                                                             limit)
+        self.staging = staging
+
+    def stage(self):
+        """``(items, buffers, blocks)`` of this call's message: the gradients copied now (the
+        items are new lists: ``dist_psp`` adds to them)."""
+        region, address = self.staging.take_region(self.total)
+        self.copies(address)
+        if self._single is not None:
+            nbytes, dtype = self._single
+            buffers = [region[:nbytes].view(dtype)]
+        else:
+            buffers = self.layout.packed(region)
+        return [list(item) for item in self.items], buffers, self.where
 
 
 class CheckedArrays:

@@ -29,8 +29,8 @@ from ..stalls import after_seconds, look_period, report
 from ..registry import StoreConfig
 from ..errors import (JobAbortedError, KVStoreError, NodeLostError, SchedulerLostError,  # noqa: F401
                      ServerLostError, WorkerLostError)
-from .transport import (AuthError, Codec, Limits, configure, message_size_problem, new_context,
-                        receive_until)
+from .transport import (AuthError, Codec, Limits, Packed, configure, message_size_problem,
+                        new_context, receive_until)
 from .protocol import Op
 
 log = logging.getLogger("kvstore_ext")
@@ -459,7 +459,8 @@ class Connection:
             self.raise_failure()
         sizes = {}   # each buffer's bytes, read once: for the limits and for the window
         for server, (header, buffers) in messages.items():
-            sizes[server] = [memoryview(b).nbytes for b in buffers]
+            sizes[server] = buffers.sizes if isinstance(buffers, Packed) else \
+                [memoryview(b).nbytes for b in buffers]
             problem = message_size_problem(sizes[server], self.limits)
             if problem:
                 raise KVStoreError(f"{header.get('op')}: {problem}")

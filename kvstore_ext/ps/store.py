@@ -34,7 +34,7 @@ from mxnet.kvstore import KVStoreBase
 from .. import registry
 from .. import engine
 from .batching import (CHUNK_BYTES, MIN_CHUNK_BYTES, CheckedArrays, Coalescer, SameCall,
-                       Staging, WriteBack)
+                       StagedCall, Staging, WriteBack)
 from .link import Connection, unseen
 from ..errors import KVStoreError
 from ..keys import MXNetCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
@@ -80,6 +80,41 @@ class OutArray:
         return d
 
 
+class Outputs:
+    """A call's output arrays, checked: ``targets``, ``(key, array)`` in writing order;
+    ``kinds``, what each array is (``handle -> OutArray``); whether MXNet's engine hands us
+    all of them (``in_engine``: on CPU); each array once (``distinct``), with their handles
+    for the engine's operations gathered once, as a training loop passes the same arrays at
+    every step."""
+
+    __slots__ = ("targets", "kinds", "distinct", "in_engine", "_order", "_arrays")
+
+    def __init__(self, targets, kinds):
+        self.targets, self.kinds = targets, kinds
+        by_handle = {o.handle.value: o for _, o in targets}
+        self.distinct = list(by_handle.values())
+        self.in_engine = bool(by_handle) and all(kinds[h].on_cpu for h in by_handle)
+        index = {h: i for i, h in enumerate(by_handle)}
+        self._order = [(k, index[o.handle.value]) for k, o in targets]
+        self._arrays: engine.Arrays | None = None
+
+    def placed(self) -> list:
+        """``(key, Destination)`` in writing order: where this call writes each array."""
+        kinds = self.kinds
+        places = [kinds[o.handle.value].place(o) for o in self.distinct]
+        return [(k, places[i]) for k, i in self._order]
+
+    @property
+    def engine_arrays(self) -> engine.Arrays:
+        """:attr:`distinct`, as an engine operation that writes them is given them."""
+        if self._arrays is None:
+            self._arrays = engine.Arrays(self.distinct)
+        return self._arrays
+
+
+_NO_OUTPUTS = Outputs([], {})
+
+
 class ParameterServerStore(MXNetCalls, KVStoreBase):
     """Worker side shared by the parameter-server stores (``dist_bsp``, ``dist_ssp``, ...)."""
 
@@ -116,6 +151,11 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         use (as is :attr:`_checked`), the whole's least size shared among the servers."""
         chunk = max(CHUNK_BYTES // self._part.num_servers, MIN_CHUNK_BYTES)
         return collections.defaultdict(lambda: Staging(chunk))
+
+    @functools.cached_property
+    def _frame_limit(self) -> int:
+        """The servers' limit on a frame's bytes, by which a message is cut into frames."""
+        return self._conn.codec.max_frame_bytes
 
     @functools.cached_property
     def _checked(self) -> CheckedArrays:
@@ -250,9 +290,8 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         # _plan reads the gradients, which waits for MXNet's engine to finish computing them:
         # that time is compute, so the clock for waiting on the store starts after it
         plan = self._plan(op, pairs)
-        targets, kinds = self._targets(outs) if outs is not None else ([], {})
-        distinct = {o.handle.value: o for _, o in targets}
-        in_engine = bool(distinct) and all(kinds[h].on_cpu for h in distinct)
+        out = self._targets(outs) if outs is not None else _NO_OUTPUTS
+        targets, in_engine = out.targets, out.in_engine
         self._metrics.begin_call()
         if op != Op.PULL:
             self._metrics.count_pushes(k for k, _ in pairs)
@@ -264,8 +303,7 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
             batch = self._coalescer.add(op, key, plan)
             copied = self._slots.copy_out(batch, key, [o for _, o in targets], self._meta[key])
         if in_engine and not copied:
-            places = {h: kinds[h].place(o) for h, o in distinct.items()}
-            targets = [(k, places[o.handle.value]) for k, o in targets]
+            targets = out.placed()
             self._writing_to(targets)
         if coalesced:
             if batch is None:
@@ -282,7 +320,7 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
                 pass
             elif in_engine:   # the weights are written when the replies come; readers wait
                 engine.push_async(functools.partial(write_back.start, targets),
-                                  list(distinct.values()))
+                                  out.engine_arrays)
             else:             # arrays MXNet's engine cannot hand us (GPU): copied in now
                 self._copy_in(targets, fetch())
         finally:
@@ -359,9 +397,9 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         self._conn.drain()
         self._raise_deferred()
 
-    def _targets(self, outs):
+    def _targets(self, outs) -> Outputs:
         """``(key, array)`` for every output array, shapes checked before anything is sent,
-        and what each array is (``handle -> OutArray``).
+        and what each array is (``handle -> OutArray``), as :class:`Outputs`.
 
         When an array is listed more than once, they come in the order MXNet's own stores
         write them: ascending keys (string keys in the order they were first initialised,
@@ -393,19 +431,29 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
             first_init = {k: i for i, k in enumerate(self._meta)}
             targets.sort(key=lambda t: (1, first_init.get(t[0], 0)) if isinstance(t[0], str)
                          else (0, t[0]))
+        found = Outputs(targets, kinds)
         if all(k in self._meta for k, _ in targets):
-            self._same.put("out", outs, (targets, kinds))
-        return targets, kinds
+            self._same.put("out", outs, found)
+        return found
 
     def _plan(self, op: str, pairs):
         """Per server: the items, the gradient buffers, and which (key, block) each item is.
 
         Every key and value is checked before any gradient is read, so a call that fails
         sends nothing; the gradients are then copied into each server's staging buffer
-        (:meth:`_stage`), one segment per block.
+        (:meth:`_stage`), one segment per block.  A call that repeats the last one of its
+        kind skips the checks; from its second time on, its gradients are copied and its
+        messages cut as worked out then (:class:`~kvstore_ext.ps.batching.StagedCall`).
         """
-        keys = self._same.get(op, pairs)   # (key, dtype, blocks, the pushed arrays or None)
-        if keys is None:
+        kept = self._same.get(op, pairs)
+        if kept is not None:     # the call made last time: its own way, once worked out
+            messages = kept.messages
+            if messages is None:
+                messages = kept.work_out(self._staging.__getitem__, self._frame_limit)
+            if messages:
+                return {server: m.stage() for server, m in messages.items()}
+            keys = kept.keys     # (key, dtype, blocks, the pushed arrays or None)
+        else:
             keys = []
             for k, v in pairs:
                 k = _check_key(k)
@@ -416,7 +464,7 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
                 shape, dtype = meta
                 keys.append((k, dtype, self._part.blocks(k, math.prod(shape)),
                              None if v is None else self._checked_value(k, v, shape, dtype)))
-            self._same.put(op, pairs, keys)
+            self._same.put(op, pairs, StagedCall(keys))
         plan: dict[int, tuple[list, list, list]] = {}
         for (k, dtype, blocks, _), staged in zip(keys, self._stage(keys)):
             for i, b in enumerate(blocks):

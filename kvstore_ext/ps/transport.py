@@ -303,11 +303,12 @@ class Packed:
     workers differ only in their headers (the frames are views: the arrays must not change
     while the messages are in flight)."""
 
-    __slots__ = ("arrays", "frames", "layout_json")
+    __slots__ = ("arrays", "frames", "layout_json", "sizes")
 
     def __init__(self, buffers, limit: int = DEFAULT_MAX_FRAME_BYTES):
         self.arrays = list(buffers)
         views = [_as_bytes_view(b) for b in self.arrays]
+        self.sizes = [v.nbytes for v in views]     # each array's bytes (the limits' check)
         if len(views) > 1:
             # small arrays travel together in one frame (a copy is cheaper than a frame each);
             # large ones keep a frame of their own and are sent without a copy
@@ -318,10 +319,49 @@ class Packed:
 
     def __len__(self) -> int:
         """The arrays (not frames) it carries."""
-        return len(self.arrays)
+        return len(self.sizes)
 
     def __iter__(self):
+        """The arrays it was made of (a :meth:`RegionLayout.packed` message has only bytes)."""
+        if self.arrays is None:
+            raise TypeError("a message cut from a region holds no arrays")
         return iter(self.arrays)
+
+
+class RegionLayout:
+    """How :class:`Packed` cuts arrays that lie at fixed offsets of one region of memory
+    (a worker's gradients, staged side by side), worked out once: a message of another
+    region of that size is then cut the same way, its frames views of that region, with no
+    work per array (for ResNet-20's 65 gradients :class:`Packed` costs ~0.2 ms a message).
+
+    ``offsets``, ``sizes`` (bytes) and ``dtypes`` say where each array lies in a region of
+    ``total`` bytes.  ``usable`` is False when :func:`pack` would copy some of them into a
+    frame of their own making (small arrays that do not lie back to back): such a message
+    has to be packed from its arrays each time.
+    """
+
+    __slots__ = ("usable", "_spans", "_layout_json", "_sizes")
+
+    def __init__(self, offsets, sizes, dtypes, total: int, limit: int = DEFAULT_MAX_FRAME_BYTES):
+        probe = np.empty(total, np.uint8)
+        base = probe.ctypes.data
+        model = Packed([probe[o:o + n].view(d) for o, n, d in zip(offsets, sizes, dtypes)], limit)
+        frames = model.frames[1:] if model.layout_json is not None else model.frames
+        spans = [(_address(f) - base, f.nbytes) if f.nbytes else (0, 0) for f in frames]
+        self.usable = (model.layout_json is None or len(model.frames[0]) == 0) and all(
+            0 <= start and start + n <= total for start, n in spans)
+        self._spans = spans if self.usable else []
+        self._layout_json, self._sizes = model.layout_json, model.sizes
+
+    def packed(self, region: np.ndarray) -> Packed:
+        """The message of ``region`` (``total`` bytes, C-contiguous), as :class:`Packed`
+        would cut it from the arrays that lie in it."""
+        whole = memoryview(region).cast("B")
+        frames = [whole[start:start + n] for start, n in self._spans]
+        out = Packed.__new__(Packed)
+        out.arrays, out.sizes, out.layout_json = None, self._sizes, self._layout_json
+        out.frames = [b"", *frames] if self._layout_json is not None else frames
+        return out
 
 
 def pack(views, limit: int = DEFAULT_MAX_FRAME_BYTES) -> tuple[list, list]:

@@ -14,6 +14,7 @@ import kvstore_ext
 from conftest import ROOT, read_json
 from kvstore_ext.ps.faults import FaultPlan, parse_delay_replies, parse_slow_server
 from kvstore_ext.ps.partition import Partitioner
+from kvstore_ext.ps.transport import DEFAULT_MAX_FRAME_BYTES
 from kvstore_ext.policies.psp import (HeldVersions, PartialPull, PartialPushPolicy,
                                       check_psp_params, resolve_min_pushes)
 
@@ -115,6 +116,7 @@ def test_dist_psp_stamps_with_the_newest_version_whatever_order_replies_complete
         self._conn, self._part = conn, Partitioner(1)
         self._meta = {0: ((4,), np.dtype("float32"))}
         self._type = "dist_psp"
+        self._frame_limit = DEFAULT_MAX_FRAME_BYTES
 
     monkeypatch.setattr(ParameterServerStore, "__init__", no_job)
     kv = DistPSP(min_pushes=8)

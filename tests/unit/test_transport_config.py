@@ -381,3 +381,34 @@ def test_a_request_like_a_valid_one_is_let_through_and_any_other_still_checked()
         check_request({**base, "worker": [1], "items": items}, 2, valid)
     with pytest.raises(ProtocolError, match="seq"):     # the other fields are always checked
         check_request({**base, "seq": -1, "items": items}, 2, valid)
+
+
+@settings(max_examples=150, deadline=None)
+@given(arrays=st.lists(st.tuples(st.integers(0, 3000), st.sampled_from(["<f4", "<f8", "<f2", "|u1"])),
+                       min_size=1, max_size=12),
+       limit=st.sampled_from([64 << 20, 4096, 9000]))
+def test_a_staged_region_is_cut_into_the_frames_packing_its_arrays_would_give(arrays, limit):
+    """A repeated call's gradients are cut by a layout worked out once (RegionLayout) from
+    where they lie in the staging region: its message must be the very one Packed makes from
+    the arrays themselves (same layout, same bytes), or the layout must say it cannot serve."""
+    from kvstore_ext.ps.protocol import layout
+    from kvstore_ext.ps.transport import Packed, RegionLayout
+    dtypes = [np.dtype(d) for _, d in arrays]
+    sizes = [n * d.itemsize for (n, _), d in zip(arrays, dtypes)]
+    offsets, total = layout(sizes)
+    cut = RegionLayout(offsets, sizes, dtypes, total, limit)
+    rng = np.random.default_rng(len(sizes))
+    for _ in range(2):             # two regions: the layout does not depend on where one lies
+        region = np.frombuffer(rng.bytes(total + 8), np.uint8)[8:].copy()
+        views = [region[o:o + n].view(d) for o, n, d in zip(offsets, sizes, dtypes)]
+        want = Packed(views, limit)
+        assert cut.usable == (want.layout_json is None or len(want.frames[0]) == 0)
+        if not cut.usable:
+            continue
+        got = cut.packed(region)
+        assert got.layout_json == want.layout_json and got.sizes == want.sizes == sizes
+        assert [bytes(f) for f in got.frames] == [bytes(f) for f in want.frames]
+        assert all(np.shares_memory(np.frombuffer(f, np.uint8), region) for f in got.frames if len(f))
+        codec = Codec(SECRET, names=["server:0"])
+        _, opened = codec.open([bytes(f) for f in codec.seal({"op": "push"}, got, to="server:0")])
+        assert [bytes(b) for b in opened] == [v.tobytes() for v in views]

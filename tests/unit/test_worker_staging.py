@@ -14,6 +14,7 @@ from kvstore_ext.errors import KVStoreError
 from kvstore_ext.ps.batching import WriteBack
 from kvstore_ext.ps.partition import Partitioner
 from kvstore_ext.ps.store import ParameterServerStore
+from kvstore_ext.ps.transport import DEFAULT_MAX_FRAME_BYTES, Codec
 
 F32 = np.dtype("float32")
 
@@ -23,6 +24,7 @@ def kv(monkeypatch):
     """A store with two servers and no job: keys of 5 elements or more are split."""
     def no_job(self):
         self._type = "dist_bsp"
+        self._frame_limit = DEFAULT_MAX_FRAME_BYTES
         self._part = Partitioner(2, bigarray_bound=5)
         self._meta = {0: ((2, 3), F32), 1: ((4,), F32), 2: ((2, 2), np.dtype("float64"))}
 
@@ -36,9 +38,21 @@ def owner(buf):
     return buf
 
 
-def pushed(plan):
-    """Per (key, block): the buffer the message carries."""
+def staged(plan):
+    """Per (key, block): the staging buffer's segment a message carries (a fresh call's plan)."""
     return {(b.key, b.index): buf for _, bufs, where in plan.values() for b, buf in zip(where, bufs)}
+
+
+def pushed(plan):
+    """Per (key, block): the values its server receives (each message sealed, then opened)."""
+    codec, out = Codec(b"0" * 32, names={"server:0", "server:1"}), {}
+    for server, (items, bufs, where) in plan.items():
+        frames = codec.seal({"op": "pushpull", "items": items}, bufs, to=f"server:{server}")
+        _, received = codec.open([bytes(f) for f in frames])
+        assert len(received) == len(where) == len(items), server
+        for b, item, buf in zip(where, items, received):
+            out[b.key, b.index] = np.frombuffer(buf, np.dtype(item[2]))
+    return out
 
 
 def test_a_calls_gradients_are_staged_side_by_side_in_each_servers_buffer(kv):
@@ -50,7 +64,7 @@ def test_a_calls_gradients_are_staged_side_by_side_in_each_servers_buffer(kv):
     g1, g3 = mx.nd.array([7, 8, 9, 10]), mx.nd.array([1, 2, 3, 4])
     g2 = mx.nd.ones((2, 2), dtype="float64")
     plan = kv._plan("pushpull", [(0, g0), (1, g1), (2, g2), (3, g3)])
-    bufs = pushed(plan)
+    bufs = staged(plan)
     assert sorted(bufs) == [(0, 0), (0, 1), (1, 0), (2, 0), (3, 0)]   # key 0 cut in two
     assert np.array_equal(np.concatenate([bufs[0, 0], bufs[0, 1]]), np.arange(6))
     assert np.array_equal(bufs[1, 0], [7, 8, 9, 10]) and np.array_equal(bufs[3, 0], [1, 2, 3, 4])
@@ -63,7 +77,7 @@ def test_a_calls_gradients_are_staged_side_by_side_in_each_servers_buffer(kv):
     assert address(bufs[0, 1]) == address(bufs[0, 0]) + 12          # key 0 whole
     assert address(bufs[2, 0]) == address(bufs[0, 0]) + 24          # 24 bytes, 8-aligned
     assert address(bufs[3, 0]) == address(bufs[1, 0]) + 16
-    later = pushed(kv._plan("pushpull", [(1, g1)]))[1, 0]
+    later = staged(kv._plan("pushpull", [(1, g1)]))[1, 0]
     assert owner(later) is owner(bufs[1, 0]) and address(later) == address(bufs[3, 0]) + 16
 
 
@@ -76,6 +90,7 @@ def test_keys_that_alternate_between_servers_travel_as_one_frame_to_each():
 
     def no_job(self):
         self._type = "dist_bsp"
+        self._frame_limit = DEFAULT_MAX_FRAME_BYTES
         self._part = Partitioner(2)
         self._meta = {k: (tuple(s), F32) for k, s in enumerate(model_shapes("cifar_resnet20_v1"))}
     kv = ParameterServerStore.__new__(ParameterServerStore)
@@ -159,9 +174,11 @@ def test_a_parameter_initialised_anew_brings_new_arrays_that_are_read(kv):
 def test_outputs_are_checked_once_and_ordered_as_mxnet_writes_them(kv):
     kv._meta[3] = ((4,), F32)
     a, b = mx.nd.zeros((4,)), mx.nd.zeros((4,))
-    targets, kinds = kv._targets([(3, a), (1, [b, a])])   # a twice: ascending keys
-    assert [(k, o is a) for k, o in targets] == [(1, False), (1, True), (3, True)]
-    kind = kinds[a.handle.value]
+    out = kv._targets([(3, a), (1, [b, a])])   # a twice: ascending keys
+    assert [(k, o is a) for k, o in out.targets] == [(1, False), (1, True), (3, True)]
+    assert [o is a for o in out.distinct] == [False, True] and out.in_engine
+    assert [(k, d.array is a) for k, d in out.placed()] == [(1, False), (1, True), (3, True)]
+    kind = out.kinds[a.handle.value]
     assert (kind.shape, kind.dtype, kind.on_cpu) == ((4,), F32, True)
     assert kv._checked.get((1, "out"), [b, a]) is not None
     with pytest.raises(KVStoreError, match=r"key 1: out has shape \(2, 3\), but the key has "
@@ -209,6 +226,41 @@ def test_a_call_repeated_with_the_same_arrays_is_planned_as_a_fresh_one(kv):
     assert swapped[1][0][0] == [3, 0, "<f4", 4]
 
 
+def test_a_call_made_again_copies_and_cuts_its_gradients_as_worked_out_once(kv):
+    """From its second time on, a call of single-device, uncut keys is staged the way worked
+    out then (StagedCall): each server receives what a fresh store's call sends, the values
+    of the moment, in fresh bytes (an earlier message, perhaps still in flight, keeps its
+    own); a call with a key it cannot serve so (pulled only) goes the plain way."""
+    kv._part = Partitioner(2, bigarray_bound=10**6)
+    kv._meta = {1: ((4,), F32), 2: ((64, 64), np.dtype("float64")), 3: ((20000,), F32)}
+    g1, g2, g3 = mx.nd.array([1, 2, 3, 4]), mx.nd.ones((64, 64), dtype="float64"), mx.nd.zeros((20000,))
+    call = [(1, g1), (2, g2), (3, g3)]
+    first = kv._plan("pushpull", call)
+    assert kv._same.get("pushpull", call).messages is None          # not worked out yet
+    second = kv._plan("pushpull", call)
+    assert sorted(kv._same.get("pushpull", call).messages) == [0, 1]
+    g1[:] = 9
+    g2[:] = 0.5
+    third = kv._plan("pushpull", call)
+    fresh = ParameterServerStore()
+    fresh._part, fresh._meta = kv._part, kv._meta
+    want = fresh._plan("pushpull", call)
+    for plan in (first, second, third):
+        assert {s: (its, where) for s, (its, _, where) in plan.items()} == \
+            {s: (its, where) for s, (its, _, where) in want.items()}
+    for plan, v1, v2 in ((first, [1, 2, 3, 4], 1.0), (second, [1, 2, 3, 4], 1.0),
+                         (third, [9] * 4, 0.5)):
+        values = pushed(plan)
+        assert np.array_equal(values[1, 0], v1) and np.array_equal(values[2, 0], np.full(4096, v2))
+        assert np.array_equal(values[3, 0], np.zeros(20000))
+    assert third[1][0] is not second[1][0]                 # items: new lists (dist_psp adds)
+    pulled = [(1, None), (3, None)]
+    kv._plan("pull", pulled)
+    assert kv._plan("pull", pulled) == {1: ([[1, 0, "<f4", 4], [3, 0, "<f4", 20000]], [],
+                                            kv._plan("pull", pulled)[1][2])}
+    assert kv._same.get("pull", pulled).messages == {}
+
+
 def test_a_pull_and_a_push_keep_one_call_each(kv):
     g = mx.nd.ones((4,))
     kv._plan("pushpull", [(1, g)])
@@ -226,7 +278,7 @@ def test_a_kept_destination_writes_weights_an_inference_pass_put_in_mkldnn_layou
     MXNet for the array's memory again, which brings the array back first."""
     w = mx.nd.random.uniform(shape=shape)
     kv._meta[5] = (shape, F32)
-    _, kinds = kv._targets([(5, w)])
+    kinds = kv._targets([(5, w)]).kinds
     first = kinds[w.handle.value].place(w)
     values = np.arange(w.size, dtype=np.float32)
 
@@ -238,13 +290,13 @@ def test_a_kept_destination_writes_weights_an_inference_pass_put_in_mkldnn_layou
     first.write([(0, w.size, values)])                 # unchecked: scrambled
     assert not np.array_equal(w.asnumpy().reshape(-1), values)
     convolve()
-    _, kinds = kv._targets([(5, w)])
+    kinds = kv._targets([(5, w)]).kinds
     again = kinds[w.handle.value].place(w)
     assert again is first                              # the memory did not move
     again.write([(0, w.size, values)])
     assert np.array_equal(w.asnumpy().reshape(-1), values)
     other = mx.nd.zeros(shape)
-    _, kinds = kv._targets([(5, other)])
+    kinds = kv._targets([(5, other)]).kinds
     assert kinds[other.handle.value].place(other).array is other
 
 

@@ -274,18 +274,26 @@ class Copy:
             _COPYTO = handle
         self.arrays = (src, *dests)
         inputs = _handles([src])
-        self._args = []
+        count, stypes = ctypes.c_int(1), ctypes.POINTER(ctypes.c_int)()
+        self._args = []         # (the call's arguments, what they point to)
         for d in dests:
             outputs = _handles([d])
-            self._args.append((inputs, ctypes.c_int(1),
-                               ctypes.cast(outputs, ctypes.POINTER(ctypes.c_void_p)), outputs))
+            pointer = ctypes.cast(outputs, ctypes.POINTER(ctypes.c_void_p))
+            self._args.append(((_COPYTO, 1, inputs, ctypes.byref(count), ctypes.byref(pointer),
+                                0, None, None, ctypes.byref(stypes)),
+                               (inputs, count, stypes, outputs, pointer)))
+
+    def copies_to(self, dests) -> bool:
+        """Whether it copies into these very arrays, in this order."""
+        if len(dests) == 1:
+            return len(self.arrays) == 2 and self.arrays[1] is dests[0]
+        return len(self.arrays) == len(dests) + 1 and all(
+            a is b for a, b in zip(dests, self.arrays[1:]))
 
     def __call__(self) -> None:
-        no_stypes = ctypes.POINTER(ctypes.c_int)()
-        for inputs, count, outputs, _ in self._args:
-            check_call(_LIB.MXImperativeInvokeEx(_COPYTO, 1, inputs, ctypes.byref(count),
-                                                 ctypes.byref(outputs), 0, None, None,
-                                                 ctypes.byref(no_stypes)))
+        invoke = _LIB.MXImperativeInvokeEx
+        for args, _ in self._args:
+            check_call(invoke(*args))
 
 
 def copy_to_host(array, dest: np.ndarray, address: int | None = None) -> None:

@@ -294,7 +294,7 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         targets, in_engine = out.targets, out.in_engine
         self._metrics.begin_call()
         if op != Op.PULL:
-            self._metrics.count_pushes(k for k, _ in pairs)
+            self._metrics.count_pushes([k for k, _ in pairs])
         coalesced = (in_engine and op == Op.PUSHPULL and len(pairs) == 1
                      and self._coalescer is not None)
         key = _check_key(pairs[0][0]) if coalesced else None
@@ -770,8 +770,7 @@ class ReplySlots:
                                   [d.array for d in self._slots.values()], b"kvx_round")
         if key in batch.slots:
             copy = self._copies.get(key)
-            if copy is None or len(copy.arrays) != len(arrays) + 1 or any(
-                    a is not b for a, b in zip(arrays, copy.arrays[1:])):
+            if copy is None or not copy.copies_to(arrays):
                 if not _fits(arrays, meta):     # written by an operation of its own
                     return False
                 copy = self._copies[key] = engine.Copy(self._slots[key].array, arrays)

@@ -82,6 +82,12 @@ class Staging:
         return self._buffer[base:base + total], self._address + base
 
 
+def staged_bytes(dtype, blocks) -> int:
+    """A pushed key's bytes in a staging buffer: the whole key, up to its last block's end (a
+    key cut across servers is staged whole in its first block's server's buffer)."""
+    return blocks[-1].stop * dtype.itemsize
+
+
 class StagedCall:
     """A checked call's keys (``(key, dtype, blocks, the pushed arrays or None)``, as
     :class:`SameCall` keeps them) and, once the call has come a second time, how its
@@ -123,9 +129,9 @@ class StagedMessage:
     __slots__ = ("items", "where", "total", "copies", "layout", "staging", "_single")
 
     def __init__(self, entries, staging: Staging, limit: int):
-        self.items = [(key, block.index, dtype.str, block.size) for key, dtype, block, _ in entries]
+        self.items = [[key, block.index, dtype.str, block.size] for key, dtype, block, _ in entries]
         self.where = [block for _, _, block, _ in entries]
-        sizes = [block.stop * dtype.itemsize for _, dtype, block, _ in entries]
+        sizes = [staged_bytes(dtype, [block]) for _, dtype, block, _ in entries]
         offsets, self.total = layout(sizes)
         self.copies = HostCopies([array for *_, array in entries], offsets)
         dtypes = [dtype for _, dtype, _, _ in entries]
@@ -135,8 +141,8 @@ class StagedMessage:
         self.staging = staging
 
     def stage(self):
-        """``(items, buffers, blocks)`` of this call's message: the gradients copied now (the
-        items are new lists: ``dist_psp`` adds to them)."""
+        """``(items, buffers, blocks)`` of this call's message: the gradients copied now (a new
+        list of the items worked out, which the caller may replace but not change)."""
         region, address = self.staging.take_region(self.total)
         self.copies(address)
         if self._single is not None:
@@ -144,7 +150,7 @@ class StagedMessage:
             buffers = [region[:nbytes].view(dtype)]
         else:
             buffers = self.layout.packed(region)
-        return [list(item) for item in self.items], buffers, self.where
+        return list(self.items), buffers, self.where
 
 
 class CheckedArrays:

@@ -34,7 +34,7 @@ from mxnet.kvstore import KVStoreBase
 from .. import registry
 from .. import engine
 from .batching import (CHUNK_BYTES, MIN_CHUNK_BYTES, CheckedArrays, Coalescer, SameCall,
-                       StagedCall, Staging, WriteBack)
+                       StagedCall, Staging, WriteBack, staged_bytes)
 from .link import Connection, unseen
 from ..errors import KVStoreError
 from ..keys import MXNetCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
@@ -503,7 +503,7 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         sizes: dict[int, list[int]] = {}
         for _, dtype, blocks, arrays in keys:
             if arrays is not None:
-                sizes.setdefault(blocks[0].server, []).append(blocks[-1].stop * dtype.itemsize)
+                sizes.setdefault(blocks[0].server, []).append(staged_bytes(dtype, blocks))
         segments = {server: zip(*self._staging[server].take_placed(n))
                     for server, n in sizes.items()}
         staged = []
@@ -840,14 +840,14 @@ class DistPSP(ParameterServerStore):
     def _plan(self, op: str, pairs):
         plan = super()._plan(op, pairs)   # (waits for the gradients: their pulls have landed)
         for items, _, _ in plan.values():
-            for item in items:
+            for i, item in enumerate(items):   # new items: a repeated call's are kept for it
                 block = (item[KEY], item[BLOCK])
                 if op == Op.PULL:
-                    item += [-1, self._want.pop(block, 0)]          # STAMP, WANTED
+                    items[i] = [*item, -1, self._want.pop(block, 0)]      # STAMP, WANTED
                 else:
                     with self._held_lock:
                         stamp = self._held.stamp(block)
-                    item += [stamp, stamp + 1]          # stamp, version wanted
+                    items[i] = [*item, stamp, stamp + 1]      # stamp, version wanted
                     if op == Op.PUSH:
                         self._want[block] = stamp + 1
         return plan

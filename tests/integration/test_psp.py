@@ -131,6 +131,8 @@ def test_dist_psp_stamps_with_the_newest_version_whatever_order_replies_complete
     kv._await("pull", {0: "pull"}, pull)                  # the late pull's reply, version 0
     second = kv._plan("pushpull", [(0, grad)])
     assert second[0][0][0][4:] == [1, 2]                  # stamped 1: the server sums it
+    third = kv._plan("pushpull", [(0, grad)])             # staged as worked out: stamped anew
+    assert third[0][0][0][4:] == [1, 2] and len(third[0][0][0]) == 6
 
 
 def test_partial_pull_fraction_and_linger():

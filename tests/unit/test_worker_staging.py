@@ -253,7 +253,7 @@ def test_a_call_made_again_copies_and_cuts_its_gradients_as_worked_out_once(kv):
         values = pushed(plan)
         assert np.array_equal(values[1, 0], v1) and np.array_equal(values[2, 0], np.full(4096, v2))
         assert np.array_equal(values[3, 0], np.zeros(20000))
-    assert third[1][0] is not second[1][0]                 # items: new lists (dist_psp adds)
+    assert third[1][0] is not second[1][0]                 # a new list (dist_psp's replaced)
     pulled = [(1, None), (3, None)]
     kv._plan("pull", pulled)
     assert kv._plan("pull", pulled) == {1: ([[1, 0, "<f4", 4], [3, 0, "<f4", 20000]], [],

@@ -259,14 +259,24 @@ class WriteBack:
     A failure (no values, or a value that does not fit) goes to ``fail`` once and ends the
     operations without writing, as a partial pull leaves a block it did not bring.
 
+    Given ``arm``, the first operation does not wait: ``arm(callback)`` arranges for
+    ``callback`` to run once ``fetch`` would not block (on the thread that receives the
+    round's last reply) and says whether it could; that thread then writes the values and
+    ends the operations, and no engine thread waits, nor wakes to write (a hand-off of
+    about 0.15 ms a round on a busy host).  ``arm`` runs on the engine thread.
+
     From a key's second round on, the store's :class:`~kvstore_ext.ps.store.ReplySlots`
     push one operation per round that writes every key's slot through this, and the calls
     copy their slots with MXNet's own operations instead.
     """
 
-    def __init__(self, fetch, fail):
+    def __init__(self, fetch, fail, arm=None, clock=time.perf_counter):
         self._fetch = fetch          # () -> {key: [(start, stop, values), ...]}; blocks
         self._fail = fail            # (exception) -> None: the next call raises it
+        self._arm = arm              # (callback) -> bool: callback() once fetch won't block
+        self._clock = clock
+        #: when the first operation started: the round's wait for its replies begins
+        self.since: float | None = None
         self._lock = threading.Lock()
         self._ready: list = []       # (targets, done) of operations started, not written yet
         self._waiting = False
@@ -285,8 +295,23 @@ class WriteBack:
                 if self._waiting:
                     return
                 self._waiting = True
+                self.since = self._clock()
                 entries = None
+        if entries is None and self._armed():
+            return
         self._write(entries if entries is not None else self._settle())
+
+    def _armed(self) -> bool:
+        """Whether the thread that brings the replies will write them (see ``arm``)."""
+        if self._arm is None:
+            return False
+        try:
+            return bool(self._arm(self._answered))
+        except Exception:   # fetch, waiting here, will meet the error again and report it
+            return False
+
+    def _answered(self) -> None:
+        self._write(self._settle())
 
     def _settle(self) -> list:
         try:

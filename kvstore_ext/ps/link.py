@@ -62,7 +62,8 @@ class Ticket:
     """One awaited reply, or the parts of one (``dist_psp`` answers block by block)."""
 
     __slots__ = ("event", "header", "buffers", "error", "error_type", "parts", "versions",
-                 "expected", "abandoned", "late", "nbytes", "since", "server", "request")
+                 "expected", "abandoned", "late", "nbytes", "since", "server", "request",
+                 "_then")
 
     def __init__(self, nbytes: int = 0, since: float = 0.0, server: int | None = None,
                  request: dict | None = None):
@@ -82,6 +83,27 @@ class Ticket:
         #: what to do with a part that comes after the pull went on: ``late(items, versions,
         #: buffers)``, called on the link thread; None drops it
         self.late = None
+        self._then = None        # callbacks waiting for the answer (see then())
+
+    def then(self, callback) -> None:
+        """Call ``callback()`` once this ticket is answered (or failed): at once, on this
+        thread, if it is; else on the thread that answers it (the link thread, mostly),
+        which must then not wait for anything the caller holds."""
+        with _THEN_LOCK:
+            if not self.event.is_set():
+                self._then = [*(self._then or ()), callback]
+                return
+        callback()
+
+    def _answered(self) -> None:
+        """The event is set: run the callbacks registered with :meth:`then`, once."""
+        with _THEN_LOCK:
+            callbacks, self._then = self._then, None
+        for callback in callbacks or ():
+            try:
+                callback()
+            except Exception:   # a callback's error is its own: the link thread goes on
+                log.exception("kvstore_ext: a callback on a reply failed")
 
     def fulfil(self, header, buffers) -> None:
         if "part" in header:   # parts may come in any order (a late block comes last)
@@ -94,11 +116,36 @@ class Ticket:
             self.error = str(header.get("error", "the server refused the request"))
             self.error_type = ERROR_KINDS.get(header.get("kind"), KVStoreError)
         self.event.set()
+        self._answered()
 
     def fail(self, message: str, error_type: type = KVStoreError) -> None:
         if not self.event.is_set():
             self.error, self.error_type = message, error_type
             self.event.set()
+            self._answered()
+
+
+_THEN_LOCK = threading.Lock()   # a ticket's callbacks against its answer (they are rare)
+
+
+def when_answered(tickets, callback) -> bool:
+    """Call ``callback()`` once, when every one of ``tickets`` is answered or failed: on the
+    thread that answers the last of them (this one, if all are already).  True: it will."""
+    left = [len(tickets)]
+    lock = threading.Lock()
+
+    def one() -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            callback()
+
+    if not tickets:
+        callback()
+    for ticket in tickets:
+        ticket.then(one)
+    return True
 
 
 class UnansweredRequests:

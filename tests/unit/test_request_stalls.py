@@ -80,3 +80,38 @@ def test_a_report_is_always_of_the_oldest_awaited_request_past_the_bound(sent, a
         times.append(now)
     assert all(b - a >= after_s for a, b in zip(times, times[1:]))
     assert len(times) <= 1     # nothing is answered meanwhile: one report for the one stall
+
+
+def test_a_callback_runs_once_when_every_ticket_is_answered_on_the_thread_that_answers():
+    from kvstore_ext.ps.link import when_answered
+    import threading
+    calls = []
+    tickets = [Ticket(), Ticket(), Ticket()]
+    assert when_answered(tickets, lambda: calls.append(threading.current_thread().name))
+    tickets[0].fulfil({"ok": True}, [])
+    tickets[2].fail("server 2 is gone")
+    assert calls == []
+    last = threading.Thread(target=tickets[1].fulfil, args=({"ok": True}, []), name="link")
+    last.start()
+    last.join()
+    assert calls == ["link"]
+    tickets[1].fulfil({"ok": True}, [])          # a second answer (a duplicate) calls nothing
+    tickets[2].fail("again")
+    assert calls == ["link"]
+    when_answered(tickets, lambda: calls.append("now"))   # all answered: at once, here
+    when_answered([], lambda: calls.append("none"))
+    assert calls == ["link", "now", "none"]
+
+
+def test_a_callback_is_never_lost_to_an_answer_that_races_it():
+    """Registering and answering from two threads at once, many times: every callback runs
+    exactly once (the answer and the registration are ordered by one lock)."""
+    from kvstore_ext.ps.link import when_answered
+    import threading
+    for _ in range(300):
+        ticket, calls = Ticket(), []
+        answer = threading.Thread(target=ticket.fulfil, args=({"ok": True}, []))
+        answer.start()
+        when_answered([ticket], lambda: calls.append(1))
+        answer.join()
+        assert calls == [1]

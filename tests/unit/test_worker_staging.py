@@ -1,6 +1,7 @@
 """The worker's round against MXNet itself, without a job: gradients staged in one buffer,
 checks remembered until an array changes, weights written back by asynchronous engine
 operations that end together."""
+import functools
 import threading
 import time
 
@@ -12,6 +13,7 @@ from mxnet import gluon
 from kvstore_ext import engine
 from kvstore_ext.errors import KVStoreError
 from kvstore_ext.ps.batching import WriteBack
+from kvstore_ext.ps.link import Ticket, when_answered
 from kvstore_ext.ps.partition import Partitioner
 from kvstore_ext.ps.store import ParameterServerStore
 from kvstore_ext.ps.transport import DEFAULT_MAX_FRAME_BYTES, Codec
@@ -343,3 +345,61 @@ def test_one_write_back_ends_the_operations_of_all_its_calls():
     release.set()
     assert a.asnumpy().tolist() == [3.0, 3.0] and b.asnumpy().tolist() == [2.0, 2.0]
     assert fetches == [1] and failures == []
+
+
+def test_a_write_back_armed_on_its_replies_holds_no_engine_thread():
+    """With ``arm``, the first operation returns at once; the thread that brings the last
+    reply writes every operation started by then and ends them, and a later one writes its
+    own.  An arm that cannot (or raises) leaves the wait on the engine thread, as before."""
+    a, b, c = mx.nd.zeros((2,)), mx.nd.zeros((2,)), mx.nd.zeros((2,))
+    tickets = [Ticket(), Ticket()]
+    threads, failures = [], []
+
+    def fetch():
+        threads.append(threading.current_thread().name)
+        assert all(t.event.is_set() for t in tickets), "fetch would have waited"
+        return {"k1": [(0, 2, np.array([1.0, 1.0]))], "k2": [(0, 2, np.array([2.0, 2.0]))]}
+
+    round_ = WriteBack(fetch, failures.append, functools.partial(when_answered, tickets))
+    for key, array in (("k1", a), ("k2", b)):
+        engine.push_async(lambda done, t=[(key, engine.Destination(array))]:
+                          round_.start(t, done), [array])
+    engine.push(lambda: None, [c])      # the engine's threads are free meanwhile
+    c.wait_to_read()
+    assert threads == [] and round_.since is not None
+    tickets[0].fulfil({"ok": True}, [])
+    answer = threading.Thread(target=tickets[1].fulfil, args=({"ok": True}, []), name="replies")
+    answer.start()
+    answer.join()
+    assert threads == ["replies"]                    # one fetch, on the answering thread
+    assert a.asnumpy().tolist() == [1.0, 1.0] and b.asnumpy().tolist() == [2.0, 2.0]
+    engine.push_async(lambda done: round_.start([("k2", engine.Destination(c))], done), [c])
+    assert c.asnumpy().tolist() == [2.0, 2.0] and threads == ["replies"] and failures == []
+
+    for arm in (lambda callback: False, lambda callback: 1 / 0):
+        d, release = mx.nd.zeros((2,)), threading.Event()
+
+        def waits():
+            assert release.wait(5)
+            return {"k": [(0, 2, np.array([5.0, 5.0]))]}
+
+        blocking = WriteBack(waits, failures.append, arm)
+        engine.push_async(lambda done: blocking.start([("k", engine.Destination(d))], done), [d])
+        threading.Timer(0.1, release.set).start()
+        assert d.asnumpy().tolist() == [5.0, 5.0] and failures == []
+
+
+def test_a_failed_request_ends_an_armed_write_back_with_its_error():
+    """A reply that never comes because the job failed: the tickets fail, the write-back's
+    error reaches ``fail`` and its operations end without writing."""
+    a = mx.nd.ones((2,))
+    ticket, failures = Ticket(), []
+
+    def fetch():
+        raise KVStoreError(ticket.error)
+
+    round_ = WriteBack(fetch, failures.append, functools.partial(when_answered, [ticket]))
+    engine.push_async(lambda done: round_.start([("k", engine.Destination(a))], done), [a])
+    ticket.fail("server 0 is gone")
+    assert a.asnumpy().tolist() == [1.0, 1.0]
+    assert [str(f) for f in failures] == ["server 0 is gone"]

@@ -362,8 +362,8 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
 
     def _batch_write_back(self, batch) -> WriteBack:
         """A batch of per-key calls keeps an engine thread waiting for its replies: written by
-        the link thread instead, LeNet's per-key rounds were 9-25% slower in nine alternated
-        pairs of jobs (list calls 2-18% faster), for a reason not found yet."""
+        the link thread instead, LeNet's per-key rounds were 8-34% slower in eight of nine
+        alternated pairs of jobs (list calls 2-18% faster), for a reason not found yet."""
         return self._write_back(functools.partial(self._batch_values, batch), None)
 
     def _write_back(self, fetch, arm) -> WriteBack:

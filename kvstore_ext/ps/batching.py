@@ -270,12 +270,11 @@ class WriteBack:
     copy their slots with MXNet's own operations instead.
     """
 
-    def __init__(self, fetch, fail, arm=None, clock=time.perf_counter):
+    def __init__(self, fetch, fail, arm=None):
         self._fetch = fetch          # () -> {key: [(start, stop, values), ...]}; blocks
         self._fail = fail            # (exception) -> None: the next call raises it
         self._arm = arm              # (callback) -> bool: callback() once fetch won't block
-        self._clock = clock
-        #: when the first operation started: the round's wait for its replies begins
+        #: when the first operation started (``time.perf_counter``): the round's wait begins
         self.since: float | None = None
         self._lock = threading.Lock()
         self._ready: list = []       # (targets, done) of operations started, not written yet
@@ -295,7 +294,7 @@ class WriteBack:
                 if self._waiting:
                     return
                 self._waiting = True
-                self.since = self._clock()
+                self.since = time.perf_counter()
                 entries = None
         if entries is None and self._armed():
             return

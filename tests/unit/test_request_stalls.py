@@ -1,9 +1,12 @@
 """The parameter-server stores' stall check on hand-set times: the oldest awaited request is
 reported once past the bound, one report per bound whatever is in flight, and a request that
-is answered, or a partial pull that went on, is not reported."""
+is answered, or a partial pull that went on, is not reported; and what waits on an answer is
+called once it comes."""
+import threading
+
 from hypothesis import given, settings, strategies as st
 
-from kvstore_ext.ps.link import Ticket, UnansweredRequests, describe_request
+from kvstore_ext.ps.link import Ticket, UnansweredRequests, describe_request, when_answered
 
 
 def ticket(since, seq=1, op="pushpull", keys=(0,), server=0):
@@ -83,8 +86,6 @@ def test_a_report_is_always_of_the_oldest_awaited_request_past_the_bound(sent, a
 
 
 def test_a_callback_runs_once_when_every_ticket_is_answered_on_the_thread_that_answers():
-    from kvstore_ext.ps.link import when_answered
-    import threading
     calls = []
     tickets = [Ticket(), Ticket(), Ticket()]
     assert when_answered(tickets, lambda: calls.append(threading.current_thread().name))
@@ -106,8 +107,6 @@ def test_a_callback_runs_once_when_every_ticket_is_answered_on_the_thread_that_a
 def test_a_callback_is_never_lost_to_an_answer_that_races_it():
     """Registering and answering from two threads at once, many times: every callback runs
     exactly once (the answer and the registration are ordered by one lock)."""
-    from kvstore_ext.ps.link import when_answered
-    import threading
     for _ in range(300):
         ticket, calls = Ticket(), []
         answer = threading.Thread(target=ticket.fulfil, args=({"ok": True}, []))

@@ -36,7 +36,7 @@ def test_stores_answer_mxnet_kvstore_calls_as_mxnet_stores_do(run_job, tmp_path,
     native = reports(run_job, tmp_path, mxnet_store, n, "--backend", "mxnet")
     ours = reports(run_job, tmp_path, store, n)
     compared = ["init", "push_pull", "list_calls", "device_lists", "broadcast", "call_forms",
-                "trainer_step",
+                "repeated_per_key", "trainer_step",
                 "trainer_update_on_kvstore=None", "trainer_update_on_kvstore=True",
                 "trainer_update_on_kvstore=False", "after_refusals"]
     for rank in range(n):

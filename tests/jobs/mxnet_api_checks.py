@@ -136,6 +136,47 @@ def call_forms():
 report["call_forms"] = outcome(call_forms)
 
 
+def repeated_per_key():
+    """Per-key pushpull made again and again with the same arrays, as gluon.Trainer makes it
+    (kvstore_ext then skips the call's checks), and then with a new out array, a new gradient
+    array, each as a list of one, and in place: every call must read its gradient as it is
+    now and write the out array it names, and no other.  Each step sets the gradients first,
+    as a backward pass would (MXNet's pushpull leaves the pulled weights in a single CPU
+    gradient array)."""
+    ks = (700, 701)                    # a small key, and one split over the servers
+    kv.init(list(ks), [mx.nd.zeros(SMALL), mx.nd.zeros(BIG)])
+    grads = {700: mx.nd.ones(SMALL), 701: mx.nd.ones(BIG)}
+    outs = {700: mx.nd.zeros(SMALL), 701: mx.nd.zeros(BIG)}
+    got = []
+
+    def step(value, form=lambda a: a):
+        for k in ks:
+            grads[k][:] = value + k - 700
+            kv.pushpull(k, form(grads[k]), out=form(outs[k]))
+        got.append([summary(outs[k]) for k in ks])
+
+    for i in range(4):
+        step(i + 1)
+    old, outs[700] = outs[700], mx.nd.zeros(SMALL)
+    step(5)
+    got.append(summary(old))           # left as the call before wrote it
+    step(6)
+    grads[700] = mx.nd.ones(SMALL)
+    step(7)
+    step(8)
+    step(9, lambda a: [a])
+    step(10)
+    grads[700][:] = 11
+    kv.pushpull(700, grads[700])       # in place
+    got.append(summary(grads[700]))
+    step(12)
+    step(13)
+    return got
+
+
+report["repeated_per_key"] = outcome(repeated_per_key)
+
+
 
 # -- bad calls: MXNet's dist_sync server aborts on a pull of a key never initialised ("init 777
 #    first"), which stops the job; kvstore_ext's stores raise an error on the worker ----------------

@@ -10,6 +10,12 @@ thread while it waits: it is told to end (``done()``) by whichever thread writes
 its arrays.  The gradients go the other way through :func:`copy_to_host`, one
 copy by MXNet straight into the message's memory.
 
+Only the thread that makes the store's calls pushes operations.  MXNet's engine queues an
+operation on its arrays one array at a time (``ThreadedEngine::Push``), so two threads that
+push operations sharing two arrays can queue them in opposite orders on the two and wait
+for each other forever (MXNet's architecture notes: "Push APIs are not thread-safe").  A
+thread of ours that must not push says so (:func:`never_push_here`); a push from it raises.
+
 The same machinery gives the Horovod stores their probes (:func:`probe`, a
 callback once arrays are ready) and :class:`SimulatedLink` (arrays held for a
 given time on one serial "wire", as a slow network would, for tests and benchmarks).
@@ -55,6 +61,23 @@ _lock = threading.Lock()
 #: array handle -> how many operations of ours that write it have not ended yet (an array in
 #: here is alive, held by its job, and allocated: its address was taken before the push)
 _writing: dict[int, int] = {}
+
+
+_here = threading.local()
+
+
+def never_push_here() -> None:
+    """The calling thread (a receiving or watching thread of ours) must never push an
+    operation: it would race the training loop's pushes on the same arrays (see above)."""
+    _here.no_push = threading.current_thread().name
+
+
+def _check_thread() -> None:
+    name = getattr(_here, "no_push", None)
+    if name is not None:
+        raise RuntimeError(f"kvstore_ext: an engine operation pushed from thread {name!r}: "
+                           f"only the thread that calls the store may push (MXNet's engine "
+                           f"deadlocks when two threads push operations on the same arrays)")
 
 
 def _job_fn(param):
@@ -173,6 +196,7 @@ def _register(fn, arrays, writes=(), holders: int = 1) -> int:
     dropped here, on the caller's thread.  ``holders``: 1 for an operation that ends
     when its function returns, 2 for one that also waits for its ``done()``.
     """
+    _check_thread()       # every push registers first: a refused one leaves nothing behind
     job_id = next(_ids)
     with _lock:
         dropped = _finished[:]
@@ -412,6 +436,7 @@ class SimulatedLink:
         _push_async(job, [], [array], b"kvx_simulated_link")
 
     def _serve(self) -> None:
+        never_push_here()
         free_at = 0.0
         while True:
             ready_at, seconds, done = self._queue.get()

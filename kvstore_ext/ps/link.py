@@ -24,6 +24,7 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from .. import engine
 from ..jobenv import JobEnv
 from ..stalls import after_seconds, look_period, report
 from ..registry import StoreConfig
@@ -218,6 +219,7 @@ class StallWatcher(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
+        engine.never_push_here()
         period = look_period(self.watch.after_s)
         while not self.stopping.wait(period):
             try:
@@ -260,6 +262,7 @@ class LinkThread(threading.Thread):
         self.stopping = threading.Event()
 
     def run(self) -> None:
+        engine.never_push_here()    # what it receives is written by the caller's pushes
         conn = self.conn
         hb_out = conn.codec.outbox()
         poller = zmq.Poller()

@@ -905,10 +905,14 @@ class DistPSP(ParameterServerStore):
 
     A block that comes after the worker went on is not thrown away: if it is newer than the
     one held, it is written into the arrays the key's latest call writes (the weights), through
-    MXNet's engine like any other write, and its version is recorded.  Without that, a server
-    that is always late (a slow server, b < 1) would never get a block to any worker: every
-    gradient for its blocks would carry the first version, and it would drop them all, so
-    its blocks stopped training.  Now they train one delay behind.
+    MXNet's engine like any other write, and its version is recorded.  The thread that
+    receives it only queues it; the store's next call pushes the write (see
+    :mod:`kvstore_ext.engine`: pushed from the receiving thread, a write of a layer's weight
+    and bias and the forward pass that reads both could wait for each other, and the job
+    hung, about one job in 15 under load).  Without that, a server that is always late (a
+    slow server, b < 1) would never get a block to any worker: every gradient for its blocks
+    would carry the first version, and it would drop them all, so its blocks stopped
+    training.  Now they train one delay behind.
     """
 
     store_type = "dist_psp"
@@ -925,6 +929,7 @@ class DistPSP(ParameterServerStore):
         self._held_lock = threading.Lock()   # engine threads and the link thread record versions
         self._want: dict = {}     # (key, block) -> version a plain pull waits for after a push
         self._weights: dict = {}  # key -> the Destinations its latest call writes
+        self._late = collections.deque()   # late blocks received, for the next call to write
         self.partial_pulls = 0    # pulls that went on without every block
         self.blocks_kept = 0      # blocks that kept their previous value
         self.late_blocks_applied = 0   # blocks written when they came after the pull went on
@@ -972,9 +977,13 @@ class DistPSP(ParameterServerStore):
             by_key.setdefault(k, []).append(destination)
         self._weights.update(by_key)
 
+    def _exchange(self, op: str, pairs, outs) -> None:
+        self._push_late()
+        super()._exchange(op, pairs, outs)
+
     def _late_parts(self, blocks, taken, items, versions, buffers) -> None:
         """On the link thread: blocks of a pull that went on without them have come (one part
-        of a reply); one engine operation writes them all."""
+        of a reply); queued for :meth:`_push_late`."""
         late, arrays = [], {}
         for i, version, buf in zip(items, versions, buffers):
             if i in taken or not 0 <= i < len(blocks):
@@ -988,7 +997,14 @@ class DistPSP(ParameterServerStore):
             for d in destinations:   # each array once: listed twice, it deadlocks the engine
                 arrays[d.array.handle.value] = d.array
         if late:
-            engine.push(functools.partial(self._write_late, late), list(arrays.values()))
+            self._late.append((late, list(arrays.values())))
+
+    def _push_late(self) -> None:
+        """On the caller's thread: one engine operation per late part received since the last
+        call, ordered with every other write of the weights by when it is pushed."""
+        while self._late:
+            late, arrays = self._late.popleft()
+            engine.push(functools.partial(self._write_late, late), arrays)
 
     def _write_late(self, late) -> None:
         """In the engine, in call order with every other write of the weights: the late blocks,

@@ -135,6 +135,55 @@ def test_dist_psp_stamps_with_the_newest_version_whatever_order_replies_complete
     assert third[0][0][0][4:] == [1, 2] and len(third[0][0][0]) == 6
 
 
+def test_a_late_block_is_queued_by_the_receiving_thread_and_written_by_the_next_call(
+        monkeypatch):
+    """A block that comes after the pull went on is written into the weights, but the engine
+    operation that writes it is pushed by the store's next call, on the caller's thread.
+    Pushed by the receiving thread, it raced the training loop's pushes: MXNet's engine
+    queues an operation on its arrays one at a time, so the late write of a layer's weight
+    and bias and a forward pass reading both could each wait for the other, and the job hung
+    (about one job in 15 with an always-late server under load)."""
+    import threading
+    from kvstore_ext import engine
+    from kvstore_ext.ps.store import DistPSP, ParameterServerStore
+
+    def no_job(self, **params):
+        self._config = type("Config", (), {"params": check_psp_params(params)})()
+        self._conn, self._part = _Replies(), Partitioner(1)
+        self._meta = {0: ((4,), np.dtype("float32")), 1: ((2,), np.dtype("float32"))}
+        self._type = "dist_psp"
+        self._frame_limit = DEFAULT_MAX_FRAME_BYTES
+
+    monkeypatch.setattr(ParameterServerStore, "__init__", no_job)
+    kv = DistPSP(min_pushes=8)
+    weight, bias = mx.nd.zeros(4), mx.nd.zeros(2)
+    kv._writing_to([(0, engine.Destination(weight, (4,), np.dtype("float32"))),
+                    (1, engine.Destination(bias, (2,), np.dtype("float32")))])
+    blocks = kv._plan("pushpull", [(0, mx.nd.ones(4)), (1, mx.nd.ones(2))])[0][2]
+    errors = []
+
+    def receive():             # what the link thread does with a part that comes late
+        engine.never_push_here()
+        try:
+            kv._late_parts(blocks, frozenset(), [0, 1], [1, 1],
+                           [np.full(4, 7, np.float32).tobytes(), np.full(2, 5, np.float32)
+                            .tobytes()])
+        except Exception as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=receive, name="kvstore_ext-link")
+    t.start()
+    t.join(10)
+    assert not errors, errors
+    mx.nd.waitall()
+    assert kv.late_blocks_applied == 0 and not weight.asnumpy().any()
+    kv._push_late()                            # the first thing the next call does
+    assert weight.asnumpy().tolist() == [7] * 4 and bias.asnumpy().tolist() == [5] * 2
+    assert kv.late_blocks_applied == 2 and kv._held.stamp((0, 0)) == 1
+    kv._push_late()                            # each late part is written once
+    assert kv.late_blocks_applied == 2
+
+
 def test_partial_pull_fraction_and_linger():
     pull = PartialPull(total=10, fraction=0.75, linger=0.2)
     assert pull.needed == 8

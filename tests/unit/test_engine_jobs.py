@@ -50,3 +50,32 @@ def test_a_job_ended_by_another_thread_while_its_function_runs_is_freed_by_the_p
     engine.run(lambda: None, [], [b])
     b.wait_to_read()
     assert freed == [threading.main_thread().name]     # ... which does on its next push
+
+
+def test_a_thread_that_must_not_push_is_refused_and_leaves_nothing_behind():
+    """MXNet's engine queues an operation on its arrays one at a time: a push from a second
+    thread on arrays the main thread's operations also use can deadlock the engine (a late
+    block of dist_psp, written from the receiving thread, hung about one job in 15).  Our
+    receiving threads are marked, and a push from one raises instead."""
+    a, b = mx.nd.zeros((4,)), mx.nd.zeros((4,))
+    mx.nd.waitall()
+    jobs, writing, errors = dict(engine._jobs), dict(engine._writing), []
+
+    def receiver():
+        engine.never_push_here()
+        for push in (lambda: engine.push(lambda: None, [a, b]),
+                     lambda: engine.push_async(lambda done: done(), [a]),
+                     lambda: engine.probe(lambda: None, [b])):
+            try:
+                push()
+            except RuntimeError as exc:
+                errors.append(str(exc))
+
+    t = threading.Thread(target=receiver, name="kvstore_ext-link")
+    t.start()
+    t.join(10)
+    assert len(errors) == 3 and all("'kvstore_ext-link'" in e for e in errors), errors
+    assert engine._jobs == jobs and engine._writing == writing
+    engine.push(lambda: None, [a, b])           # this thread still may
+    mx.nd.waitall()
+

@@ -39,11 +39,15 @@ def look_period(after_s: float) -> float:
     return min(5.0, max(0.05, after_s / 4))
 
 
-def report(what: str, out=None) -> None:
-    """Print ``what`` (one sentence on what waits and since when) and every thread's stack."""
+PEER_HUNG = ("Unless a peer it waits for is busy elsewhere (evaluating, saving), a peer or the "
+             "link to it is hung")
+
+
+def report(what: str, out=None, unless: str = PEER_HUNG) -> None:
+    """Print ``what`` (one sentence on what waits and since when), ``unless`` (what else it
+    may be, and what it then is), and every thread's stack."""
     out = out or sys.stderr
-    print(f"{what} Unless a peer it waits for is busy elsewhere (evaluating, saving), a peer "
-          f"or the link to it is hung; every thread's stack follows ({STALL_ENV} sets this "
+    print(f"{what} {unless}; every thread's stack follows ({STALL_ENV} sets this "
           f"bound; 0 turns it off).", file=out, flush=True)
     try:
         faulthandler.dump_traceback(file=out, all_threads=True)

@@ -191,23 +191,66 @@ class UnansweredRequests:
 def describe_request(ticket: Ticket) -> str:
     """"a pushpull of keys 0, 1 sent to server 1 (request 812)": what a stall report names."""
     request = ticket.request or {}
-    keys = {item[0] for item in request.get("items", ())
-            if isinstance(item, (list, tuple)) and item}
-    try:
-        keys = sorted(keys)
-    except TypeError:      # ints and names mixed
-        keys = sorted(keys, key=str)
-    what = f"a {request.get('op', 'request')}"
-    if keys:
-        shown = ", ".join(map(str, keys[:8])) + (", ..." if len(keys) > 8 else "")
-        what += f" of key{'s' if len(keys) > 1 else ''} {shown}"
+    what = describe_call(request.get("op", "request"),
+                         [item[0] for item in request.get("items", ())
+                          if isinstance(item, (list, tuple)) and item])
     to = "the scheduler" if ticket.server is None else f"server {ticket.server}"
     seq = request.get("seq")
     return f"{what} sent to {to}" + ("" if seq is None else f" (request {seq})")
 
 
+def describe_call(op: str, keys) -> str:
+    """"a pushpull of keys 0, 1": a call or request and its keys, each once, in order."""
+    keys = set(keys)
+    try:
+        keys = sorted(keys)
+    except TypeError:      # ints and names mixed
+        keys = sorted(keys, key=str)
+    what = f"a {op}"
+    if keys:
+        shown = ", ".join(map(str, keys[:8])) + (", ..." if len(keys) > 8 else "")
+        what += f" of key{'s' if len(keys) > 1 else ''} {shown}"
+    return what
+
+
+#: what else a wait for MXNet's engine inside a store call may be
+ENGINE_HUNG = ("Unless what the program computed before this call takes that long, an engine "
+               "operation it waits for never ends (an engine deadlock)")
+
+
+class EngineWaits:
+    """Which wait for MXNet's engine inside a store call to report as stalled.
+
+    A call first reads its gradients and locates its output arrays, which waits until the
+    engine has written them (the backward pass, the last round's weights).  The store marks
+    that wait in ``Connection.engine_wait`` as ``(since, op, (key, value) pairs)``.  No
+    request is outstanding then, so without this an engine operation that never ends would
+    leave the job silent for ever.  A wait is reported once past the bound, and said to
+    have ended if it does.  Pure logic, as :class:`UnansweredRequests`."""
+
+    def __init__(self, after_s: float):
+        self.after_s = float(after_s)
+        self.reported: tuple | None = None
+
+    def due(self, wait, now: float) -> bool:
+        if self.after_s <= 0 or wait is None or wait is self.reported or \
+                now - wait[0] < self.after_s:
+            return False
+        self.reported = wait
+        return True
+
+    def ended(self, wait) -> "tuple | None":
+        """The reported wait once it is over (once)."""
+        reported = self.reported
+        if reported is not None and wait is not reported:
+            self.reported = None
+            return reported
+        return None
+
+
 class StallWatcher(threading.Thread):
-    """Looks every few seconds for a request that has waited past ``KVX_STALL_REPORT_S``.
+    """Looks every few seconds for a request that has waited past ``KVX_STALL_REPORT_S``,
+    and for a call that has waited that long for MXNet's engine (:class:`EngineWaits`).
 
     A thread of its own, not the link thread's loop: a link thread that is itself stuck (in
     a send, in an engine call) leaves replies undrained, and the report's stacks show it."""
@@ -216,6 +259,7 @@ class StallWatcher(threading.Thread):
         super().__init__(name="kvstore_ext-stall-watch", daemon=True)
         self.conn = conn
         self.watch = UnansweredRequests(conn.stall_after)
+        self.engine = EngineWaits(conn.stall_after)
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -228,12 +272,18 @@ class StallWatcher(threading.Thread):
                 pass
 
     def look(self, now: float) -> None:
-        """Report a request that has waited past the bound, with every thread's stack; say
-        when the reply to one reported comes after all."""
+        """Report a request, or a call's wait for the engine, that has lasted past the bound,
+        with every thread's stack; say when one reported ends after all."""
         conn, watch = self.conn, self.watch
         if conn.failure:      # the job stops: its error says why
             return
         who = f"kvstore_ext {conn.store.type} worker {conn.rank}"
+        wait = conn.engine_wait
+        over = self.engine.ended(wait)
+        if over is not None:
+            print(f"{who}: the arrays of {describe_call(over[1], (k for k, _ in over[2]))} "
+                  f"were ready after about {now - over[0]:.0f} s; the job goes on.",
+                  file=sys.stderr, flush=True)
         done = watch.answered()
         if done is not None:
             print(f"{who}: the reply to {describe_request(done)} came after about "
@@ -242,6 +292,11 @@ class StallWatcher(threading.Thread):
         barrier = conn.scheduler_wait
         if barrier is not None:
             tickets.append(barrier)
+        # while replies are awaited, the engine may be waiting for them: they are reported
+        if not watch.awaited(tickets) and self.engine.due(wait, now):
+            report(f"{who}: {describe_call(wait[1], (k for k, _ in wait[2]))} has waited "
+                   f"{now - wait[0]:.0f} s for MXNet's engine to write its arrays (the "
+                   f"gradients it sends, the arrays it writes).", unless=ENGINE_HUNG)
         ticket = watch.due(tickets, now)
         if ticket is not None:
             more = len(watch.awaited(tickets)) - 1
@@ -357,6 +412,9 @@ class Connection:
         self.env = env or JobEnv.from_environ("worker")
         self.stall_after = after_seconds()   # a bad value is an error before the job starts
         self.scheduler_wait: Ticket | None = None   # a barrier under way: reported as stalled too
+        #: (since, op, (key, value) pairs) while a call waits for MXNet's engine to compute
+        #: its gradients (:class:`EngineWaits`)
+        self.engine_wait: tuple | None = None
         self.limits = Limits.for_job(self.env)
         start_timeout = self.env.start_timeout
         self.node = f"node:{os.urandom(6).hex()}"

@@ -288,7 +288,12 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         (docs/performance.md)."""
         if self._lr_source is not None and self._lr_source.lr != self._servers_lr:
             self._send_learning_rate()
-        plan = {call.server: call.message.stage()}
+        conn = self._conn
+        conn.engine_wait = (time.monotonic(), Op.PUSHPULL, call.pairs)
+        try:
+            plan = {call.server: call.message.stage()}
+        finally:
+            conn.engine_wait = None
         metrics = self._metrics
         metrics.begin_call()
         metrics.count_pushes(call.keys)
@@ -318,8 +323,13 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
             self._send_learning_rate()
         # _plan reads the gradients, which waits for MXNet's engine to finish computing them:
         # that time is compute, so the clock for waiting on the store starts after it
-        plan = self._plan(op, pairs)
-        out = self._targets(outs) if outs is not None else _NO_OUTPUTS
+        conn = self._conn
+        conn.engine_wait = (time.monotonic(), op, pairs)   # watched: see link.EngineWaits
+        try:
+            plan = self._plan(op, pairs)
+            out = self._targets(outs) if outs is not None else _NO_OUTPUTS
+        finally:
+            conn.engine_wait = None
         targets, in_engine = out.targets, out.in_engine
         self._metrics.begin_call()
         if op != Op.PULL:
@@ -790,11 +800,12 @@ class RepeatedCall:
     for a call served from its key's reply slot, and dropped by any other call of the key;
     it holds its arrays, so their handles cannot be reused meanwhile."""
 
-    __slots__ = ("key", "keys", "value", "out", "handles", "server", "message")
+    __slots__ = ("key", "keys", "pairs", "value", "out", "handles", "server", "message")
 
     def __init__(self, key, value, out, server, message):
         self.key, self.keys = key, [key]
         self.value = value[0] if isinstance(value, (list, tuple)) else value
+        self.pairs = ((key, self.value),)
         self.out = out
         self.handles = (self.value.handle.value, out.handle.value)
         self.server, self.message = server, message

@@ -170,6 +170,26 @@ def test_a_reply_that_does_not_come_is_reported_with_every_threads_stack(run_job
     assert time.monotonic() - t0 < 60
 
 
+def test_a_call_waiting_on_mxnets_engine_is_reported_with_every_threads_stack(run_job):
+    """Worker 0's step-1 gradient is held in MXNet's engine for 8 s by an operation that ends
+    late (one that never ends, an engine deadlock, held a dist_psp job for ever without a
+    word: no request was outstanding, so nothing was reported).  The call's wait is reported
+    after the bound (2 s here), naming the call, with the stacks, then said to have ended."""
+    code, log = run_job(2, 1, [os.path.join(JOBS, "busy_elsewhere.py"), "dist_bsp", "8",
+                               "--engine-hold"],
+                        env={"KVX_STALL_REPORT_S": "2"}, timeout=120)
+    assert code == 0, log[-3000:]
+    reports = re.findall(r"kvstore_ext dist_bsp worker (\d): a pushpull of key (\d) has waited "
+                         r"(\d+) s for MXNet's engine to write its arrays", log)
+    assert [w for w, _, _ in reports] == ["0"], log[-3000:]    # worker 1 waits for replies
+    _, key, waited = reports[0]
+    assert 2 <= int(waited) < 8, reports
+    assert "an engine operation it waits for never ends" in log and "Thread 0x" in log
+    assert re.search(rf"worker 0: the arrays of a pushpull of key {key} were ready after "
+                     rf"about [5-9] s; the job goes on", log), log[-3000:]
+    assert "worker 0 step 2" in log and "worker 1 step 2" in log
+
+
 def test_a_bad_stall_bound_stops_the_worker_with_an_error_naming_it(run_job):
     code, log = run_job(1, 1, [os.path.join(JOBS, "busy_elsewhere.py"), "dist_asp"],
                         env={"KVX_STALL_REPORT_S": "soon"}, timeout=120)

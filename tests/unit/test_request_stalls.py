@@ -6,7 +6,8 @@ import threading
 
 from hypothesis import given, settings, strategies as st
 
-from kvstore_ext.ps.link import Ticket, UnansweredRequests, describe_request, when_answered
+from kvstore_ext.ps.link import (EngineWaits, Ticket, UnansweredRequests, describe_call,
+                                 describe_request, when_answered)
 
 
 def ticket(since, seq=1, op="pushpull", keys=(0,), server=0):
@@ -114,3 +115,17 @@ def test_a_callback_is_never_lost_to_an_answer_that_races_it():
         when_answered([ticket], lambda: calls.append(1))
         answer.join()
         assert calls == [1]
+
+
+def test_a_wait_for_the_engine_is_reported_once_past_the_bound_and_said_to_end():
+    engine = EngineWaits(10.0)
+    wait = (100.0, "pushpull", [(3, None), (1, None), (3, None)])
+    assert not engine.due(None, 1e9) and engine.ended(None) is None
+    assert not engine.due(wait, 109.9)
+    assert engine.due(wait, 110.0) and not engine.due(wait, 200.0)    # once per wait
+    assert engine.ended(wait) is None                                  # still waiting
+    assert engine.ended(None) is wait and engine.ended(None) is None   # over: said once
+    later = (300.0, "pushpull", [(0, None)])
+    assert engine.due(later, 310.0)                                    # a new wait
+    assert not EngineWaits(0.0).due(wait, 1e9)                         # 0: reports off
+    assert describe_call("pushpull", (k for k, _ in wait[2])) == "a pushpull of keys 1, 3"

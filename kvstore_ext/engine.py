@@ -10,11 +10,13 @@ thread while it waits: it is told to end (``done()``) by whichever thread writes
 its arrays.  The gradients go the other way through :func:`copy_to_host`, one
 copy by MXNet straight into the message's memory.
 
-Only the thread that makes the store's calls pushes operations.  MXNet's engine queues an
-operation on its arrays one array at a time (``ThreadedEngine::Push``), so two threads that
-push operations sharing two arrays can queue them in opposite orders on the two and wait
-for each other forever (MXNet's architecture notes: "Push APIs are not thread-safe").  A
-thread of ours that must not push says so (:func:`never_push_here`); a push from it raises.
+Only the thread that makes the store's calls pushes operations on several arrays.  MXNet's
+engine queues an operation on its arrays one array at a time (``ThreadedEngine::Push``), so
+two threads that push operations sharing two arrays can queue them in opposite orders on the
+two and wait for each other forever (MXNet's architecture notes: "Push APIs are not
+thread-safe").  An operation on one array cannot be caught so (the Horovod stores' stall
+reporter probes one array from its own thread).  A thread of ours that must not push at
+all says so (:func:`never_push_here`); a push from it raises.
 
 The same machinery gives the Horovod stores their probes (:func:`probe`, a
 callback once arrays are ready) and :class:`SimulatedLink` (arrays held for a

@@ -412,8 +412,8 @@ class Connection:
         self.env = env or JobEnv.from_environ("worker")
         self.stall_after = after_seconds()   # a bad value is an error before the job starts
         self.scheduler_wait: Ticket | None = None   # a barrier under way: reported as stalled too
-        #: (since, op, (key, value) pairs) while a call waits for MXNet's engine to compute
-        #: its gradients (:class:`EngineWaits`)
+        #: (since, op, (key, value) pairs) while a call waits for MXNet's engine to write
+        #: its gradients or its output arrays (:class:`EngineWaits`)
         self.engine_wait: tuple | None = None
         self.limits = Limits.for_job(self.env)
         start_timeout = self.env.start_timeout

@@ -104,22 +104,27 @@ class _Replies:
         return {0: reply}
 
 
-def test_dist_psp_stamps_with_the_newest_version_whatever_order_replies_complete(monkeypatch):
-    """The worker's own bookkeeping (DistPSP._plan / _await) in the order of the defect: the
-    broadcast pull is sent first, the pushpull second, and the pull's reply completes last."""
+def _dist_psp_without_job(monkeypatch, conn, meta):
+    """A DistPSP worker with everything its __init__ needs, but no job: ``conn`` stands in for
+    its connection, ``meta`` is key -> (shape, dtype), one server."""
     from kvstore_ext.ps.store import DistPSP, ParameterServerStore
 
-    conn = _Replies()
-
-    def no_job(self, **params):               # everything __init__ needs, without a job
+    def no_job(self, **params):
         self._config = type("Config", (), {"params": check_psp_params(params)})()
         self._conn, self._part = conn, Partitioner(1)
-        self._meta = {0: ((4,), np.dtype("float32"))}
+        self._meta = meta
         self._type = "dist_psp"
         self._frame_limit = DEFAULT_MAX_FRAME_BYTES
 
     monkeypatch.setattr(ParameterServerStore, "__init__", no_job)
-    kv = DistPSP(min_pushes=8)
+    return DistPSP(min_pushes=8)
+
+
+def test_dist_psp_stamps_with_the_newest_version_whatever_order_replies_complete(monkeypatch):
+    """The worker's own bookkeeping (DistPSP._plan / _await) in the order of the defect: the
+    broadcast pull is sent first, the pushpull second, and the pull's reply completes last."""
+    conn = _Replies()
+    kv = _dist_psp_without_job(monkeypatch, conn, {0: ((4,), np.dtype("float32"))})
     value = np.zeros(4, np.float32).tobytes()
     grad = mx.nd.ones(4)
 
@@ -145,17 +150,9 @@ def test_a_late_block_is_queued_by_the_receiving_thread_and_written_by_the_next_
     (about one job in 15 with an always-late server under load)."""
     import threading
     from kvstore_ext import engine
-    from kvstore_ext.ps.store import DistPSP, ParameterServerStore
 
-    def no_job(self, **params):
-        self._config = type("Config", (), {"params": check_psp_params(params)})()
-        self._conn, self._part = _Replies(), Partitioner(1)
-        self._meta = {0: ((4,), np.dtype("float32")), 1: ((2,), np.dtype("float32"))}
-        self._type = "dist_psp"
-        self._frame_limit = DEFAULT_MAX_FRAME_BYTES
-
-    monkeypatch.setattr(ParameterServerStore, "__init__", no_job)
-    kv = DistPSP(min_pushes=8)
+    kv = _dist_psp_without_job(monkeypatch, _Replies(), {0: ((4,), np.dtype("float32")),
+                                                         1: ((2,), np.dtype("float32"))})
     weight, bias = mx.nd.zeros(4), mx.nd.zeros(2)
     kv._writing_to([(0, engine.Destination(weight, (4,), np.dtype("float32"))),
                     (1, engine.Destination(bias, (2,), np.dtype("float32")))])

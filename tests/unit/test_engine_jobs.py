@@ -78,4 +78,3 @@ def test_a_thread_that_must_not_push_is_refused_and_leaves_nothing_behind():
     assert engine._jobs == jobs and engine._writing == writing
     engine.push(lambda: None, [a, b])           # this thread still may
     mx.nd.waitall()
-

@@ -53,6 +53,12 @@ class RequestError(Exception):
     """A request this server refuses; the message goes back to the worker that sent it."""
 
 
+class RoundFailed(Exception):
+    """An update failed part-way (a bad optimizer, or one of MXNet's that fails on its own
+    states): the weights it touched are in no known state, so the server has stopped the
+    job (:meth:`Server.fail`) and told every waiting worker; nothing more to answer."""
+
+
 class Slot:
     """One block of one key: where its weights and gradient live (views into the flat storage
     of its dtype, :class:`~kvstore_ext.optimizers.FlatArrays`), and its :class:`Group`."""
@@ -412,7 +418,10 @@ class Server:
         """Run the due timers; return seconds until the next one (or a long time)."""
         while self.timers and self.timers[0][0] <= time.monotonic():
             _, _, callback = heapq.heappop(self.timers)
-            callback()
+            try:
+                callback()
+            except RoundFailed:
+                pass              # told to every waiting worker; later requests get it too
         return self.timers[0][0] - time.monotonic() if self.timers else 3600.0
 
     # -- main loop ---------------------------------------------------------------------------
@@ -511,7 +520,9 @@ class Server:
             self.ops[header["op"]](ident, header, buffers)
         except RequestError as exc:
             self.reply_error(ident, seq, str(exc), worker)
-        except Exception as exc:  # a bug or a bad optimizer: tell the worker, keep serving
+        except RoundFailed:
+            pass                  # every waiting worker, this one included, has been told
+        except Exception as exc:  # a bug: tell the worker, keep serving
             log.exception("server %d failed on %s", self.rank, header.get("op"))
             self.reply_error(ident, seq, f"server {self.rank}: {type(exc).__name__}: {exc}",
                              worker)
@@ -523,6 +534,8 @@ class Server:
             return
         try:
             self.scheduler_notice(header)
+        except RoundFailed:
+            pass
         except Exception as exc:
             self.malformed += 1
             log.warning("server %d: malformed notice from the scheduler: %s", self.rank, exc)
@@ -922,18 +935,38 @@ class Server:
             self.optimizer.tune(pool.lr_scale(), pool.momentum)
         runs = [run for group in groups for run, _, _ in group.runs]
         cpu0 = time.thread_time()
-        if self.optimizer is None:   # the store holds the summed value, as MXNet's servers do
-            for run in runs:
-                weight, grad = run.home.numpy("weight"), run.home.numpy("grad")
-                weight[run.bounds[0]:run.bounds[-1]] = grad[run.bounds[0]:run.bounds[-1]]
-        else:
-            self.optimizer.apply_runs(runs, pusher)
-        if not SYNCHRONOUS_ENGINE:   # sums and replies read and write the memory directly
-            mx.nd.waitall()
+        try:
+            if self.optimizer is None:   # the store holds the summed value, as MXNet's do
+                for run in runs:
+                    weight, grad = run.home.numpy("weight"), run.home.numpy("grad")
+                    weight[run.bounds[0]:run.bounds[-1]] = grad[run.bounds[0]:run.bounds[-1]]
+            else:
+                self.optimizer.apply_runs(runs, pusher)
+            if not SYNCHRONOUS_ENGINE:   # sums and replies read and write the memory directly
+                mx.nd.waitall()
+        except Exception as exc:
+            self._round_failed(groups, exc)
         self.metrics.optimizer_cpu_s += time.thread_time() - cpu0
         for group in groups:
             group.version += 1
         self.metrics.updates += blocks
+
+    def _round_failed(self, groups, exc: Exception) -> None:
+        """Stop the job on an update that failed: answering only the worker whose push set it
+        off left the others of the round waiting for ever (MXNet's own server hangs the job
+        the same way).  Every worker is told which keys and why; raises :class:`RoundFailed`."""
+        keys = sorted({slot.key for group in groups for slot in group.slots}, key=repr)
+        shown = ", ".join(map(repr, keys[:8])) + (f" and {len(keys) - 8} more" if len(keys) > 8
+                                                   else "")
+        what = (f"the {type(self.optimizer.optimizer).__name__} optimizer"
+                if self.optimizer is not None else "summing the pushes")
+        log.error("server %d: %s failed on key(s) %s", self.rank, what, shown,
+                  exc_info=(type(exc), exc, exc.__traceback__))
+        message = (f"server {self.rank}: {what} failed updating key(s) {shown}: "
+                   f"{type(exc).__name__}: {exc} (the server's log has the traceback); "
+                   f"those weights may be partly updated, so the job stops")
+        self.fail(message)
+        raise RoundFailed(message) from exc
 
     # -- a worker pool (dist_pool): the server owns the learning rate and the batch sizes ----
     @property

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import JOBS, ManualJob, job_processes_left, read_json, wait_until
+from conftest import JOBS, ManualJob, job_processes_left, read_json, tagged, wait_until
 
 
 def test_bad_input_raises_clear_errors_and_the_server_keeps_serving(run_job, tmp_path):
@@ -41,6 +41,23 @@ def test_workers_disagreeing_on_the_store_all_get_an_error_naming_both(run_job, 
     for message in messages:
         for f in fragments:
             assert f in message, message
+
+
+@pytest.mark.parametrize("store", ["dist_bsp", "dist_asp", "dist_psp"])
+def test_an_optimizer_failing_on_the_servers_reaches_every_worker(run_job, store):
+    """MXNet's own DCASGD with momentum fails at its first update on the servers.  Before,
+    only the worker whose push set the update off was told: the other one waited for the
+    round for ever (as MXNet's dist_sync does with this optimizer)."""
+    code, log = run_job(2, 2, [os.path.join(JOBS, "failing_optimizer.py"), store], timeout=90)
+    assert code == 0, log[-4000:]
+    records = sorted(tagged(log, "FAILED"), key=lambda r: r["rank"])
+    assert [r["rank"] for r in records] == [0, 1], log[-4000:]
+    for r in records:
+        assert r["is_kvstore_error"] and r["steps"] <= 1, r
+        for fragment in ("DCASGD optimizer failed", "ValueError", "truth value", "key(s)",
+                         "the job stops"):
+            assert fragment in r["error"], (fragment, r)
+        assert r["seconds"] < 30, r
 
 
 def test_dead_worker_stops_the_job_with_its_name(tmp_path):

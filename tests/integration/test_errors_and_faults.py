@@ -48,7 +48,7 @@ def test_an_optimizer_failing_on_the_servers_reaches_every_worker(run_job, store
     """MXNet's own DCASGD with momentum fails at its first update on the servers.  Before,
     only the worker whose push set the update off was told: the other one waited for the
     round for ever (as MXNet's dist_sync does with this optimizer)."""
-    code, log = run_job(2, 2, [os.path.join(JOBS, "failing_optimizer.py"), store], timeout=90)
+    code, log = run_job(2, 2, [os.path.join(JOBS, "broken_dcasgd.py"), store], timeout=90)
     assert code == 0, log[-4000:]
     records = sorted(tagged(log, "FAILED"), key=lambda r: r["rank"])
     assert [r["rank"] for r in records] == [0, 1], log[-4000:]

@@ -114,7 +114,8 @@ def test_an_error_in_the_last_asynchronous_call_makes_the_worker_exit_non_zero(r
     code, log = run_job(1, 1, [os.path.join(JOBS, "last_error.py"), "5"],
                         "--env", f"PYTHONPATH:{PKG}", timeout=120)
     assert code != 0, log[-3000:]
-    assert "no later call reported it: server 0: RuntimeError: update 5 failed on purpose" in log
+    assert "no later call reported it: server 0: the FailingSGD optimizer failed updating " \
+           "key(s) 0: RuntimeError: update 5 failed on purpose" in log, log[-3000:]
 
 
 def test_worker_0_leaving_before_init_is_named_not_a_hang(run_job):

@@ -5,7 +5,7 @@ Every worker must get the error, naming the optimizer and its cause, in bounded 
 be able to stop; none may wait for ever for a round that will not come.  Each prints
 ``FAILED {...}`` with the error and its type, and exits 0.
 
-    failing_optimizer.py KVSTORE
+    broken_dcasgd.py KVSTORE
 """
 import json
 import sys

@@ -168,3 +168,12 @@ print(json.dumps({"registered": registered, "dcs3gd": kvstore_ext.DistDCS3GD.__n
     assert "dist_bsp" not in result["registered"], result
     assert result["dcs3gd"] == "dist_dcs3gd" and not result["zmq_loaded"]
     assert "zmq" in result["bsp_error"], result
+
+
+def test_no_job_program_hides_a_module_the_jobs_import():
+    """A job runs with ``tests/jobs`` first on its path: a program there named like a module of
+    ``tests/jobs/pkg`` (which jobs import by name) would be imported in its place."""
+    programs = {p.stem for p in pathlib.Path(JOBS).glob("*.py")}
+    modules = {p.stem for p in pathlib.Path(PKG).glob("*.py")}
+    assert modules, PKG
+    assert not programs & modules, sorted(programs & modules)

@@ -953,8 +953,9 @@ class Server:
 
     def _round_failed(self, groups, exc: Exception) -> None:
         """Stop the job on an update that failed: answering only the worker whose push set it
-        off left the others of the round waiting for ever (MXNet's own server hangs the job
-        the same way).  Every worker is told which keys and why; raises :class:`RoundFailed`."""
+        off left the others of the round waiting for ever (MXNet's own server swallows the
+        error and serves weights that never change).  Every worker is told which keys and
+        why; raises :class:`RoundFailed`."""
         keys = sorted({slot.key for group in groups for slot in group.slots}, key=repr)
         shown = ", ".join(map(repr, keys[:8])) + (f" and {len(keys) - 8} more" if len(keys) > 8
                                                    else "")

@@ -47,7 +47,7 @@ def test_workers_disagreeing_on_the_store_all_get_an_error_naming_both(run_job, 
 def test_an_optimizer_failing_on_the_servers_reaches_every_worker(run_job, store):
     """MXNet's own DCASGD with momentum fails at its first update on the servers.  Before,
     only the worker whose push set the update off was told: the other one waited for the
-    round for ever (as MXNet's dist_sync does with this optimizer)."""
+    round for ever.  (MXNet's dist_sync swallows the error and never updates the weights.)"""
     code, log = run_job(2, 2, [os.path.join(JOBS, "broken_dcasgd.py"), store], timeout=90)
     assert code == 0, log[-4000:]
     records = sorted(tagged(log, "FAILED"), key=lambda r: r["rank"])

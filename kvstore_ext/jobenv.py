@@ -86,6 +86,11 @@ def _env_float(name: str, default: float) -> float:
     return value
 
 
+class NotInAJob(RuntimeError):
+    """This process was not started as a node of a job (the job's variables are not set); a
+    worker's store turns it into a ``KVStoreError`` (an ``MXNetError``, as MXNet raises)."""
+
+
 @dataclass
 class JobEnv:
     """Where the scheduler is and how the job behaves, read from ``KVX_*`` variables."""
@@ -111,7 +116,7 @@ class JobEnv:
         missing = [v for v in (SCHEDULER_HOST, SCHEDULER_PORT, NUM_WORKER, NUM_SERVER, SECRET)
                    if not env.get(v)]
         if missing:
-            raise RuntimeError(
+            raise NotInAJob(
                 f"kvstore_ext {role}: {', '.join(missing)} not set. Distributed stores run in a job "
                 f"started by scripts/launch.py, e.g. `python scripts/launch.py -n 2 -s 1 "
                 f"--launcher local python train.py`")

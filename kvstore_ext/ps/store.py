@@ -37,6 +37,7 @@ from .batching import (CHUNK_BYTES, MIN_CHUNK_BYTES, CheckedArrays, Coalescer, S
                        StagedCall, Staging, WriteBack, staged_bytes)
 from .link import Connection, unseen, when_answered
 from ..errors import KVStoreError
+from ..jobenv import NotInAJob
 from ..keys import MXNetCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
 from ..keys import refuse_sparse
 from ..metrics import WorkerMetrics, write_json
@@ -53,7 +54,10 @@ def _shared_connection(store: registry.StoreConfig) -> Connection:
     """One job link per process, as MXNet has one ps-lite node per process."""
     global _connection
     if _connection is None or _connection.closed:
-        _connection = Connection(store)
+        try:
+            _connection = Connection(store)
+        except NotInAJob as e:
+            raise KVStoreError(f"kvstore {store.type!r}: {e}") from None
     elif _connection.store != store:
         raise KVStoreError(f"this process already joined the job with {_connection.store.describe()}; "
                            f"it cannot also use {store.describe()}")

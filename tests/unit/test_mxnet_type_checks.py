@@ -121,3 +121,19 @@ def test_horovod_stores_refuse_update_on_kvstore_false_by_name(name):
     with pytest.raises(ValueError, match=f"{name} runs the optimizer inside the store on every "
                                          f"worker: update_on_kvstore=False is not supported"):
         trainer._init_kvstore()
+
+
+@pytest.mark.parametrize("name", [n for n in ROWS if registry.lookup(n).backend == registry.PS])
+def test_a_store_made_outside_a_job_raises_mxnets_error_naming_what_is_missing(name, monkeypatch):
+    """A script run without the launcher gets MXNet's error class (as ``dist_sync`` raises
+    outside a job), naming the store and the variables the launcher sets, not a bare
+    RuntimeError from deep inside the link."""
+    from kvstore_ext import jobenv
+    for var in (jobenv.SCHEDULER_HOST, jobenv.SCHEDULER_PORT, jobenv.NUM_WORKER,
+                jobenv.NUM_SERVER, jobenv.SECRET):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(mx.base.MXNetError) as caught:
+        mx.kv.create(name)
+    message = str(caught.value)
+    assert f"kvstore '{name}'" in message and jobenv.SCHEDULER_HOST in message
+    assert "launch.py" in message

@@ -172,7 +172,8 @@ class ManualJob:
     """Scheduler, server and workers started one by one, without launch.py."""
 
     def __init__(self, tmp_path, workers, on_death, script_args, heartbeat_timeout=2.0,
-                 script="die.py", servers=1):
+                 script="die.py", servers=1, worker_env=None):
+        """``worker_env``: rank -> variables that worker alone is given."""
         self.procs = []
         env = dict(os.environ, KVX_SECRET=secrets.token_hex(32), KVX_NUM_WORKER=str(workers),
                    KVX_NUM_SERVER=str(servers), KVX_SCHEDULER_HOST="127.0.0.1",
@@ -192,7 +193,9 @@ class ManualJob:
             log = open(tmp_path / f"worker{r}.log", "w+")
             self.logs.append(log)
             self.workers.append(self.start([sys.executable, os.path.join(JOBS, script), *script_args],
-                                           dict(env, KVX_WORKER_RANK=str(r)), "worker", stdout=log))
+                                           dict(env, KVX_WORKER_RANK=str(r),
+                                                **(worker_env or {}).get(r, {})),
+                                           "worker", stdout=log))
 
     def start(self, argv, env, role, stdout=None):
         p = subprocess.Popen(argv, env=dict(env, KVX_ROLE=role), cwd=ROOT, stdout=stdout,

@@ -341,15 +341,28 @@ class LinkThread(threading.Thread):
                     self._drain_notices()
                 for monitor, (error_type, who) in self.monitors.items():
                     if monitor in events and self._disconnected(monitor) and not conn.failure:
-                        conn.set_failure(f"{who} closed its connection: it exited or was "
-                                         f"killed, or its host stopped answering for "
-                                         f"{conn.env.heartbeat_timeout:g} s; the job stops",
-                                         error_type)
+                        cause = (f"{who} closed its connection: it exited or was killed, or "
+                                 f"its host stopped answering for "
+                                 f"{conn.env.heartbeat_timeout:g} s")
+                        conn.set_failure(f"{cause}; the job stops", error_type)
+                        if error_type is ServerLostError:
+                            self._tell_scheduler(cause, hb_out)
         except zmq.ZMQError:
             pass
         finally:
             for sock in (self.hb, *self.rx, *self.monitors):
                 sock.close(0)
+
+    def _tell_scheduler(self, failure: str, outbox) -> None:
+        """Say why this worker stops before its exit is seen: the scheduler gives this cause
+        with the worker's death, so that the other workers name the lost server, not only this
+        worker (best effort: the job stops either way)."""
+        try:
+            self.hb.send_multipart(self.conn.codec.seal(
+                {"op": Op.FAILED, "role": "worker", "rank": self.conn.rank, "error": failure},
+                to="scheduler", outbox=outbox), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
 
     @staticmethod
     def _disconnected(monitor) -> bool:

@@ -117,6 +117,7 @@ class Op:
     HEARTBEAT = "heartbeat"
     BARRIER = "barrier"
     FINALIZE = "finalize"
+    FAILED = "failed"             # a worker is about to stop: why (it lost a server)
     # scheduler -> node
     ACK = "ack"
     OK = "ok"
@@ -130,7 +131,7 @@ class Op:
 
 ITEM_OPS = (Op.INIT, Op.PUSH, Op.PUSHPULL, Op.PULL)
 OTHER_OPS = (Op.SET_OPTIMIZER, Op.SET_LR, Op.GET_STATES, Op.SET_STATES, Op.STATS, Op.HELLO)
-SCHEDULER_OPS = (Op.REGISTER, Op.HEARTBEAT, Op.BARRIER, Op.FINALIZE)
+SCHEDULER_OPS = (Op.REGISTER, Op.HEARTBEAT, Op.BARRIER, Op.FINALIZE, Op.FAILED)
 
 #: the fields of an item (a list, so that a header stays small JSON)
 KEY, BLOCK, DTYPE = 0, 1, 2

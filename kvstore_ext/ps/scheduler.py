@@ -31,6 +31,7 @@ ROLES = ("worker", "server")
 #: the most worker ranks a job hands out, joiners included (each costs every node some state)
 MAX_WORKERS = 1024
 OPS = SCHEDULER_OPS
+MAX_REASON = 1000   # characters of a worker's reason kept (it is repeated to every node)
 
 log = logging.getLogger("kvstore_ext.scheduler")
 
@@ -179,6 +180,10 @@ class Scheduler:
         elif op == Op.FINALIZE and role == "worker":
             self.leave(key, "finished")
             self.send(ident, {"op": Op.OK}, to)
+        elif op == Op.FAILED and role == "worker":
+            # why the worker is about to stop (it lost a server): said when its exit is seen,
+            # so that the others name the lost server, not only the worker that went with it
+            node["cause"] = str(header.get("error"))[:MAX_REASON]
 
     def check_connections(self) -> None:
         """Connections that closed or timed out (ZeroMQ's socket monitor): their node is dead,
@@ -319,6 +324,9 @@ class Scheduler:
     def declare_dead(self, key, reason: str) -> None:
         role, rank = key
         self.nodes[key]["state"] = "dead"
+        cause = self.nodes[key].get("cause")
+        if cause:
+            reason = f"it stopped because {cause}"   # its exit follows from that
         log.error("%s %d is dead (%s)", role, rank, reason)
         notice = {"op": Op.NODE_DEAD, "role": role, "rank": rank, "reason": reason}
         if role == "server" or self.on_worker_death == "fail":

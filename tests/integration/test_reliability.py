@@ -63,6 +63,44 @@ def test_killed_server_or_scheduler_is_reported_to_every_worker_within_2_s(tmp_p
         job.kill()
 
 
+def test_a_hung_server_is_named_by_every_worker_even_the_ones_that_hear_of_it_last(tmp_path):
+    """A server that stops answering (SIGSTOP: a frozen host, a process stuck in the kernel)
+    is found by whichever node's heartbeat gives up first.  Here worker 0 gives up after 2 s
+    and the others after 8: worker 0 stops with the lost server, and worker 1 hears first of
+    worker 0's death.  It must still name the server, the cause (before: "worker 0 died (its
+    connection to the scheduler closed ...)", which blamed the wrong node)."""
+    job = ManualJob(tmp_path, 2, "fail", ["dist_bsp", "100000", "-1"], heartbeat_timeout=8,
+                    worker_env={0: {"KVX_HEARTBEAT_TIMEOUT": "2"}})
+    try:
+        time.sleep(6)    # training
+        assert all(w.poll() is None for w in job.workers), [job.output(r) for r in range(2)]
+        # a freeze shorter than every timeout is not a death: the job goes on
+        os.kill(job.servers[0].pid, signal.SIGSTOP)
+        time.sleep(0.8)
+        os.kill(job.servers[0].pid, signal.SIGCONT)
+        time.sleep(3)
+        assert all(w.poll() is None for w in job.workers), [job.output(r) for r in range(2)]
+        stopped_at = time.time()
+        os.kill(job.servers[0].pid, signal.SIGSTOP)
+        found = []
+        for rank in range(2):
+            assert job.workers[rank].wait(timeout=20) == 4, job.output(rank)
+            out = job.output(rank)
+            match = re.search(r"stopped at ([\d.]+) .*?: (\w+): (.*)", out)
+            assert match, out
+            found.append((float(match.group(1)) - stopped_at, match.group(2), match.group(3)))
+        (t0, kind0, text0), (t1, kind1, text1) = found
+        print(f"worker 0: {t0:.2f} s, {kind0}: {text0}\nworker 1: {t1:.2f} s, {kind1}: {text1}")
+        assert kind0 == "ServerLostError" and text0.startswith("server 0 at tcp://"), text0
+        assert "stopped answering for 2 s" in text0, text0
+        # worker 1 learned it from the scheduler, before its own 8 s were up, and names both
+        assert t1 < 7.0, found
+        assert kind1 == "WorkerLostError", text1
+        assert "worker 0 died (it stopped because server 0 at tcp://" in text1, text1
+    finally:
+        job.kill()
+
+
 @pytest.mark.parametrize("kvstore", ["dist_asp", "dist_bsp"])
 def test_replayed_pushes_barriers_and_heartbeats_are_rejected(run_job, tmp_path, kvstore):
     code, log = run_job(2, 1, [os.path.join(JOBS, "replay.py"), "--kvstore", kvstore,

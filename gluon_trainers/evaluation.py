@@ -7,21 +7,23 @@ import os
 
 def finish_run(result: dict, kv=None, out: str | None = None, save_params: str | None = None,
                net=None) -> dict:
-    """Add the store's statistics, save its metrics, write ``result`` and the weights.
+    """Save the weights, add the store's statistics, write ``result``, save the store's metrics
+    (in that order: a failure at the end loses nothing written before it).
 
     ``out`` and ``save_params`` may hold ``{rank}``, replaced by ``result['rank']``.
     """
     rank = str(result["rank"])
+    if save_params and net is not None:     # first: nothing after it can lose the model
+        net.save_parameters(save_params.replace("{rank}", rank))
     if kv is not None and hasattr(kv, "stats"):
         result["kvstore_stats"] = kv.stats()
-        kv.save_metrics()
     if out:
         path = out.replace("{rank}", rank)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
-    if save_params and net is not None:
-        net.save_parameters(save_params.replace("{rank}", rank))
+    if kv is not None and hasattr(kv, "save_metrics"):
+        kv.save_metrics()
     return result
 
 

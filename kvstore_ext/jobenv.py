@@ -73,6 +73,23 @@ def params_from_env() -> dict:
     return value
 
 
+def metrics_dir(name: str = METRICS_DIR) -> str | None:
+    """The folder in variable ``name``, made now if need be: one this node cannot write is an
+    error when its store starts, not after the training whose figures it was meant to keep."""
+    path = os.environ.get(name) or None
+    if path is None:
+        return None
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{name} ({path!r}; launch.py --metrics-dir): cannot make the folder: "
+                         f"{exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"{name} ({path!r}; launch.py --metrics-dir): this node cannot write "
+                         f"there")
+    return path
+
+
 def _env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)
     if raw in (None, ""):
@@ -143,7 +160,7 @@ class JobEnv:
             on_worker_death=on_death,
             heartbeat_interval=interval,
             heartbeat_timeout=_env_float(HEARTBEAT_TIMEOUT, max(10.0, 5 * interval)),
-            metrics_dir=env.get(METRICS_DIR) or None,
+            metrics_dir=metrics_dir(),
             bigarray_bound=int(env.get(BIGARRAY_BOUND, "1000000")),
             start_timeout=_env_float(START_TIMEOUT, 600.0),
             window_bytes=int(_env_float(WINDOW_MB, 64.0) * 2 ** 20),

@@ -154,6 +154,7 @@ class HorovodStore(MXNetCalls, KVStoreBase):
             log.warning("kvstore_ext %s: MXNet's MKL-DNN kernels are on; their array layouts "
                         "break Horovod's allreduce for convolution layers. Start the workers with "
                         "%s=0 (scripts/launch.py --launcher horovod does)", config.type, MKLDNN_ENV)
+        self._metrics_dir = jobenv.metrics_dir()   # a folder it cannot write: an error now
         self._hvd = _hvd()
         self._keys: dict = {}
         self._updater = None
@@ -428,10 +429,9 @@ class HorovodStore(MXNetCalls, KVStoreBase):
         """Write :meth:`stats` as JSON (default: ``$KVX_METRICS_DIR/worker-<rank>.json``)."""
         data = self.stats()
         if path is None:
-            directory = os.environ.get(jobenv.METRICS_DIR)
-            if not directory:
+            if not self._metrics_dir:
                 return None
-            return write_json(directory, f"worker-{self.rank}.json", data)
+            return write_json(self._metrics_dir, f"worker-{self.rank}.json", data)
         return write_json(os.path.dirname(os.path.abspath(path)), os.path.basename(path), data)
 
     def close(self):

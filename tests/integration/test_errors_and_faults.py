@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import JOBS, ManualJob, job_processes_left, read_json, tagged, wait_until
+from conftest import JOBS, LAUNCH, ROOT, ManualJob, job_processes_left, read_json, tagged, wait_until
 
 
 def test_bad_input_raises_clear_errors_and_the_server_keeps_serving(run_job, tmp_path):
@@ -25,6 +25,26 @@ def test_bad_input_raises_clear_errors_and_the_server_keeps_serving(run_job, tmp
     assert not r0["forged_answered"] and not r0["unpickled"]
     assert not os.path.exists(out + ".unpickled")
     assert r1["rejected"] >= 3
+
+
+@pytest.mark.parametrize("kvstore", ["dist_bsp", "dist_ssgd"])
+def test_a_metrics_folder_that_cannot_be_written_stops_the_job_before_training(jobs, tmp_path,
+                                                                               kvstore):
+    """``--metrics-dir`` with a typo used to fail when the metrics were written, after the
+    training (and before ``--save-params`` saved the model): now every node refuses it at once."""
+    params = tmp_path / "model-{rank}.params"
+    launcher = ["--launcher", "horovod"] if kvstore == "dist_ssgd" else ["-s", "1"]
+    t0 = time.monotonic()
+    job = jobs([sys.executable, LAUNCH, "-n", "2", *launcher, "--metrics-dir",
+                "/proc/no-such-folder", sys.executable,
+                os.path.join(ROOT, "scripts", "train_mnist.py"), "--kvstore", kvstore,
+                "--epochs", "50", "--save-params", str(params)])
+    code, log = job.wait(180), job.output
+    assert code != 0, log[-3000:]
+    assert "KVX_METRICS_DIR ('/proc/no-such-folder'; launch.py --metrics-dir): cannot make the " \
+           "folder: No such file or directory" in log, log[-3000:]
+    assert "test accuracy" not in log and not list(tmp_path.glob("model-*")), log[-3000:]
+    assert time.monotonic() - t0 < 60, log[-3000:]     # 50 epochs would take minutes
 
 
 @pytest.mark.parametrize("a,b,fragments", [

@@ -14,7 +14,9 @@ def finish_run(result: dict, kv=None, out: str | None = None, save_params: str |
     """
     rank = str(result["rank"])
     if save_params and net is not None:     # first: nothing after it can lose the model
-        net.save_parameters(save_params.replace("{rank}", rank))
+        path = save_params.replace("{rank}", rank)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)   # as for ``out``
+        net.save_parameters(path)
     if kv is not None and hasattr(kv, "stats"):
         result["kvstore_stats"] = kv.stats()
     if out:

@@ -444,6 +444,9 @@ class Connection:
         self.progress = threading.Condition()   # notified when a part of a reply arrives
         self.send_lock = threading.Lock()
         self.closed = False
+        #: key -> (weak reference to the store of this process that initialised it, the handle
+        #: of the array it was initialised from): :meth:`ParameterServerStore.init`'s check
+        self.key_owners: dict = {}
         self.failure: str | None = None
         self.failure_type: type = KVStoreError
         self.unreported: Exception | None = None   # an engine operation's error not raised yet

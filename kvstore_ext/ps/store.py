@@ -26,6 +26,7 @@ import os
 import pickle
 import threading
 import time
+import weakref
 
 import mxnet as mx
 import numpy as np
@@ -139,6 +140,7 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         self._meta: dict = {}          # key -> (shape, dtype)
         self._key_type = None          # int or str: MXNet does not mix them in one store
         self._updater = None           # gluon.Trainer.load_states reads _updater.optimizer
+        self._pending_optimizer = None  # set_optimizer's, held while another store owns keys
         #: the optimizer whose ``lr`` the servers follow (the one gluon.Trainer holds), and the
         #: rate they were last given: MXNet's own stores never see a later change (apache/mxnet
         #: issue 15919); these send it before the next push
@@ -236,6 +238,7 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
                                    f"{self._key_type.__name__}s")
             v = _as_list(v)[0]
             shape, dtype = tuple(v.shape), np.dtype(v.dtype)
+            self._check_owner(k, v)
             known = self._meta.get(k)
             if known is not None and known != (shape, dtype):
                 raise KVStoreError(f"key {k!r} is already initialised with shape {known[0]} "
@@ -249,9 +252,34 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
                     entry[1].append(np.ascontiguousarray(flat[b.start:b.stop]))
         self._conn.request({s: ({"op": Op.INIT, "items": its, "has_value": send_values}, bufs)
                             for s, (its, bufs) in items.items()})
+        owners = self._conn.key_owners
         for k, v in _pairs(key, value):
             v = _as_list(v)[0]
             self._meta[_check_key(k)] = (tuple(v.shape), np.dtype(v.dtype))
+            owners[_check_key(k)] = (weakref.ref(self), v.handle.value)
+        if self._pending_optimizer is not None:
+            self._send_optimizer(self._pending_optimizer)
+
+    def _check_owner(self, key, value) -> None:
+        """Refuse a key that another live store of this process initialised from another array.
+
+        The stores of one process share one link, so the servers' keys and their optimizer:
+        two ``gluon.Trainer``s (a GAN's generator and discriminator) would each init key 0,
+        the second's values would be dropped (or refused, for another shape), and it would
+        train the first one's weights with its own optimizer, in silence.  A store made again
+        for the same parameters (a new Trainer over the same arrays) is not refused."""
+        owner = self._conn.key_owners.get(key)
+        if owner is None:
+            return
+        store, handle = owner[0](), owner[1]
+        if store is None or store is self or handle == value.handle.value:
+            return
+        raise KVStoreError(
+            f"{self.type}: key {key!r} was initialised by another {store.type} store of this "
+            f"process, from another array (two gluon.Trainers, or two mx.kv.create calls, "
+            f"each make a store). The stores of one process share the servers' keys and "
+            f"optimizer, so this one would train the other's weights: give all parameters "
+            f"to one Trainer, or keep one store alive at a time")
 
     def broadcast(self, key, value, out, priority=0):
         self.init(key, value)
@@ -610,12 +638,25 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         problem = delay_refusal(optimizer, self.type, getattr(self, "asynchronous", False))
         if problem:
             raise KVStoreError(problem)
+        if self._another_store_owns_keys():
+            # sent by this store's first init that passes _check_owner: a second Trainer's
+            # store refused there must not have replaced the first one's optimizer on the
+            # servers (gluon.Trainer sets the optimizer before it initialises the keys)
+            self._pending_optimizer = optimizer
+        else:
+            self._send_optimizer(optimizer)
+        self._updater = mx.optimizer.get_updater(optimizer)
+        self._follow_learning_rate(optimizer)
+
+    def _send_optimizer(self, optimizer) -> None:
         self._settle()
         blob = pickle.dumps(optimizer)
         self._conn.request({s: ({"op": Op.SET_OPTIMIZER}, [blob])
                             for s in range(self.num_servers)})
-        self._updater = mx.optimizer.get_updater(optimizer)
-        self._follow_learning_rate(optimizer)
+        self._pending_optimizer = None
+
+    def _another_store_owns_keys(self) -> bool:
+        return any(owner[0]() not in (None, self) for owner in self._conn.key_owners.values())
 
     def _follow_learning_rate(self, optimizer) -> None:
         """The servers run a copy of ``optimizer``: from now on a change of its ``lr`` (what
@@ -627,7 +668,8 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         answered, so that it applies to this push and later ones, never to earlier ones."""
         opt = self._lr_source
         lr = opt.lr
-        if opt.lr_scheduler is not None:   # the scheduler, on the servers, sets the rate
+        if opt.lr_scheduler is not None or self._pending_optimizer is not None:
+            # the scheduler, on the servers, sets the rate; or the optimizer, not sent yet, has it
             self._servers_lr = lr
             return
         try:

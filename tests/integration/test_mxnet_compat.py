@@ -85,6 +85,34 @@ def test_async_stores_follow_mxnet_dist_async_trainer_rule(run_job, tmp_path, kv
         assert report["asynchronous"] is True
 
 
+@pytest.mark.parametrize("kvstore", ["dist_bsp", "dist_asp", "dist_psp"])
+def test_a_second_trainers_store_never_trains_the_first_ones_weights(run_job, kvstore):
+    """Two Trainers in one worker each make a store, and a process's stores share the
+    servers' keys and optimizer.  A second model whose parameters had the shapes of the first
+    one's (a GAN's generator and discriminator) used to be trained silently on the first
+    model's weights, with its own optimizer for both (``tests/jobs/two_trainers.py``: its
+    weights, 5 with lr 0, became the first model's; MXNet's own ``dist_sync`` hangs on a
+    second store).  Now its first step is refused naming the key, and the first model's
+    optimizer on the servers stays its own.  A Trainer made again over the same parameters
+    still works, and the servers follow its optimizer."""
+    code, log = run_job(2, 1, [os.path.join(JOBS, "two_trainers.py"), kvstore], timeout=120)
+    assert code == 0, log[-3000:]
+    reports = tagged(log, "TWO_TRAINERS")
+    assert len(reports) == 2, log[-3000:]
+    for r in reports:
+        assert "second_model" not in r, r
+        assert r["second_model_error"].startswith(f"{kvstore}: key 0 was initialised by another "
+                                                  f"{kvstore} store of this process"), r
+        if kvstore == "dist_bsp":
+            # 2 steps at lr 0.1, then 2 at 0.01 and 1 more after the refusal: a gradient of 1
+            # per worker and step (two samples of ones, rescaled by 1/2), summed over 2 workers
+            assert r["same_parameters"] == pytest.approx([0.56] * 3, abs=1e-6), r
+            assert r["first_after"] == pytest.approx([0.54] * 3, abs=1e-6), r
+        else:   # the pushes of a step land one by one, or a step may be dropped (dist_psp)
+            assert all(0.5 < v < 0.61 for v in r["same_parameters"]), r
+            assert r["first_after"][0] < r["same_parameters"][0], r   # lr 0.01, not 0
+
+
 @pytest.mark.parametrize("kvstore", ["dist_bsp", "dist_psp"])
 def test_synchronous_stores_keep_mxnet_update_on_kvstore_choice(run_job, tmp_path, kvstore):
     for report in trainer_report(run_job, tmp_path, kvstore):

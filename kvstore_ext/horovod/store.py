@@ -21,6 +21,7 @@ multiply the learning rate by the number of workers to compare with it.
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import os
 import sys
@@ -50,6 +51,7 @@ PROBES_ENV = "KVX_HVD_PROBE_EVERY"
 _TINY = 1e-20   # λ0·‖g‖ / 1e-20 stays finite for any ‖g‖ below 1e18
 
 log = logging.getLogger("kvstore_ext")
+_STORES_MADE = itertools.count()    # the stores this process has made: their collectives' names
 
 
 def delay_compensated(grad, d, lambda0: float):
@@ -156,6 +158,10 @@ class HorovodStore(MXNetCalls, KVStoreBase):
                         "%s=0 (scripts/launch.py --launcher horovod does)", config.type, MKLDNN_ENV)
         self._metrics_dir = jobenv.metrics_dir()   # a folder it cannot write: an error now
         self._hvd = _hvd()
+        # the n-th store of this process names its collectives kvx<n>.*: two Trainers' stores
+        # (a GAN's) would otherwise both allreduce "key 0", and Horovod refuses a name that is
+        # in flight.  Every worker makes its stores in the same order, so the names agree.
+        self._names = f"kvx{next(_STORES_MADE)}"
         self._keys: dict = {}
         self._updater = None
         self._metrics = WorkerMetrics()
@@ -209,7 +215,7 @@ class HorovodStore(MXNetCalls, KVStoreBase):
     def _check_agreement(self) -> None:
         """Every worker must run the same store with the same parameters (names both)."""
         mine = self.describe()
-        values = self._allgather_text(mine, "kvx.config")
+        values = self._allgather_text(mine, f"{self._names}.config")
         for rank, other in enumerate(values):
             if other != mine:
                 raise ValueError(f"workers disagree on the kvstore: worker {self.rank} has {mine}, "
@@ -248,7 +254,7 @@ class HorovodStore(MXNetCalls, KVStoreBase):
             weight = v.copyto(mx.cpu()) if v.context.device_type != "cpu" else v.copy()
         if self.num_workers > 1:
             self._check_declarations(k, v)
-            self._hvd.broadcast_(weight, root_rank=0, name=f"kvx.init.{k}")
+            self._hvd.broadcast_(weight, root_rank=0, name=f"{self._names}.init.{k}")
         st = _Key(weight)
         if self.lag:
             st.avg = weight.copy()
@@ -262,7 +268,7 @@ class HorovodStore(MXNetCalls, KVStoreBase):
         "Mismatched BROADCAST tensor shapes", naming neither the key nor the workers)."""
         mine = _declaration(v)
         rows = self._hvd.allgather(mx.nd.array(mine.reshape(1, -1), dtype="int64"),
-                                   name=f"kvx.init.declared.{k}").asnumpy()
+                                   name=f"{self._names}.init.declared.{k}").asnumpy()
         for rank, row in enumerate(rows):
             if not np.array_equal(row, mine):
                 raise KVStoreError(
@@ -379,7 +385,7 @@ class HorovodStore(MXNetCalls, KVStoreBase):
         if self._link is not None and st.sim_s > 0:
             self._link.hold(st.reduced, st.sim_s)
         if self.num_workers > 1:
-            self._hvd.allreduce_(st.reduced, op=self._hvd.Average, name=f"kvx.{self._type}.{k}",
+            self._hvd.allreduce_(st.reduced, op=self._hvd.Average, name=f"{self._names}.{self._type}.{k}",
                                  priority=priority)
             self._stall.started(r, k, st.reduced)
             # the array handed to allreduce, and the mean that comes back (what goes over the
@@ -414,7 +420,7 @@ class HorovodStore(MXNetCalls, KVStoreBase):
     def barrier(self):
         """Wait until every worker reaches this point."""
         if self.num_workers > 1:
-            self._hvd.allreduce(mx.nd.zeros((1,)), name="kvx.barrier").wait_to_read()
+            self._hvd.allreduce(mx.nd.zeros((1,)), name=f"{self._names}.barrier").wait_to_read()
 
     def stats(self) -> dict:
         """This worker's metrics: iterations, exposed allreduce wait, overlap achieved."""
@@ -447,7 +453,11 @@ class HorovodStore(MXNetCalls, KVStoreBase):
                                            f"key {k!r} failed (the last one started at step "
                                            f"{st.step - 1}): "
                                            f"{str(exc).strip().splitlines()[0]}") from exc
-            mx.nd.waitall()
+            try:
+                mx.nd.waitall()
+            except mx.base.MXNetError as exc:
+                raise KVStoreError(f"{self._type} worker {self.rank}: an operation failed: "
+                                   f"{str(exc).strip().splitlines()[0]}") from exc
         finally:
             self._stall.stop()
 
@@ -458,8 +468,14 @@ def _close_at_exit(ref) -> None:
         return
     try:
         store.close()
-    except KVStoreError as exc:      # at exit: say it plainly, once, rather than a traceback
+    except KVStoreError as exc:
+        # at exit: say it plainly, once, and exit 1, as the parameter-server stores do: the
+        # script may never have seen it (an exception in an exit handler leaves the status 0).
+        # Exiting here also skips Horovod's own exit handler, which can crash (free(): invalid
+        # next size, SIGABRT) shutting down after a failed collective, 1 run in 5 here
         print(f"kvstore_ext {exc}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
 
 
 class DCS3GDStore(HorovodStore):

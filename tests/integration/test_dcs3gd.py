@@ -9,7 +9,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from conftest import JOBS, LAUNCH, ROOT, job_processes_left, read_json, wait_until
+from conftest import JOBS, LAUNCH, ROOT, job_processes_left, read_json, tagged, wait_until
 
 pytest.importorskip("horovod.mxnet")
 
@@ -408,6 +408,22 @@ def test_workers_with_other_parameter_shapes_get_an_error_naming_the_key(run_hvd
         assert (f"worker {me} error: key 1: worker {me} initialises it with shape {mine} "
                 f"float32, worker {other} with shape {theirs} float32") in log, log[-3000:]
     assert "trained" not in log and "Mismatched" not in log, log[-3000:]
+
+
+@pytest.mark.parametrize("store", ["dist_ssgd", "dist_dcs3gd"])
+def test_two_trainers_in_one_worker_train_their_own_weights(run_hvd, store):
+    """A GAN's two Trainers each make a store.  Both stores named their collectives after the
+    key alone, so on ``dist_dcs3gd`` (an allreduce in flight across steps) the second one's key
+    0 met the first one's: Horovod refused the name, and the error surfaced only at exit as
+    "Exception ignored in atexit callback", with exit status 0."""
+    code, log = run_hvd([os.path.join(JOBS, "two_trainers.py"), store], timeout=120)
+    assert code == 0, log[-3000:]
+    assert "Exception ignored" not in log and "same name" not in log, log[-3000:]
+    reports = tagged(log, "TWO_TRAINERS")
+    assert len(reports) == 2, log[-3000:]
+    for r in reports:
+        assert r["second_model"] == [5.0] * 3, r          # lr 0: its own weights, untouched
+        assert r["first_after"][0] < r["same_parameters"][0] < 1.0, r
 
 
 def test_a_failing_worker_stops_the_job(run_hvd, tmp_path):

@@ -235,11 +235,12 @@ class Pending:
 class InitWait:
     """An init request waiting for the other workers (or for worker 0's values)."""
 
-    __slots__ = ("ident", "seq", "worker", "blocks", "deadline")
+    __slots__ = ("ident", "seq", "worker", "blocks", "deadline", "order")
 
-    def __init__(self, ident, seq, worker, blocks, deadline):
+    def __init__(self, ident, seq, worker, blocks, deadline, order=()):
         self.ident, self.seq, self.worker = ident, seq, worker
         self.blocks, self.deadline = blocks, deadline
+        self.order = order     # the request's blocks, in item order: the reply's versions
 
 
 class Server:
@@ -676,7 +677,8 @@ class Server:
         for block in blocks:
             self.init_seen.setdefault(block, set()).add(worker)
         waiter = InitWait(ident, header["seq"], worker, blocks,
-                          time.monotonic() + self.env.start_timeout)
+                          time.monotonic() + self.env.start_timeout,
+                          [(i[KEY], i[BLOCK]) for i in items])
         self.init_waiting.append(waiter)
         self.at(waiter.deadline, lambda: self.expire_init(waiter))
         self.release_inits()
@@ -721,7 +723,10 @@ class Server:
             blocks = [b for b in w.blocks if b not in self.slots or
                       not self.members <= self.init_seen.get(b, set())]
             if not blocks:
-                self.reply(w.ident, w.seq, worker=w.worker)
+                # each block's version: a store made later in a running job (a Trainer made
+                # again) stamps its first dist_psp gradients with it, not with 0
+                self.reply(w.ident, w.seq, {"versions": [self.slots[b].version for b in w.order]},
+                           worker=w.worker)
             elif 0 not in self.members and any(b not in self.slots for b in blocks):
                 key = next(b for b in blocks if b not in self.slots)[0]
                 self.reply_error(w.ident, w.seq, f"worker 0, which gives the initial values, "

@@ -250,8 +250,9 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
                 entry[0].append([k, b.index, dtype.str, list(shape), b.size])
                 if send_values:
                     entry[1].append(np.ascontiguousarray(flat[b.start:b.stop]))
-        self._conn.request({s: ({"op": Op.INIT, "items": its, "has_value": send_values}, bufs)
-                            for s, (its, bufs) in items.items()})
+        replies = self._conn.request({s: ({"op": Op.INIT, "items": its, "has_value": send_values},
+                                          bufs) for s, (its, bufs) in items.items()})
+        self._initialised(items, replies)
         owners = self._conn.key_owners
         for k, v in _pairs(key, value):
             v = _as_list(v)[0]
@@ -259,6 +260,9 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
             owners[_check_key(k)] = (weakref.ref(self), v.handle.value)
         if self._pending_optimizer is not None:
             self._send_optimizer(self._pending_optimizer)
+
+    def _initialised(self, items, replies) -> None:
+        """The servers answered an init (``items``: server -> (its items, buffers))."""
 
     def _check_owner(self, key, value) -> None:
         """Refuse a key that another live store of this process initialised from another array.
@@ -1027,6 +1031,18 @@ class DistPSP(ParameterServerStore):
             self.partial_pulls += 1
             self.blocks_kept += missing
         return replies
+
+    def _initialised(self, items, replies) -> None:
+        """Hold each block at the version the servers have: a store made while the job runs
+        (``gluon.Trainer`` made again over the same parameters) would otherwise stamp its
+        first gradients 0 before its broadcast's pull is answered, and the servers would drop
+        them as stale (its first step lost on some keys)."""
+        with self._held_lock:
+            for server, (header, _) in replies.items():
+                versions = header.get("versions") or []
+                for item, version in zip(items[server][0], versions):
+                    if type(version) is int:
+                        self._held.arrived((item[KEY], item[BLOCK]), version)
 
     def _writing_to(self, targets) -> None:
         by_key: dict = {}

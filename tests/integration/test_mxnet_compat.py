@@ -103,12 +103,14 @@ def test_a_second_trainers_store_never_trains_the_first_ones_weights(run_job, kv
         assert "second_model" not in r, r
         assert r["second_model_error"].startswith(f"{kvstore}: key 0 was initialised by another "
                                                   f"{kvstore} store of this process"), r
-        if kvstore == "dist_bsp":
+        if kvstore != "dist_asp":
             # 2 steps at lr 0.1, then 2 at 0.01 and 1 more after the refusal: a gradient of 1
-            # per worker and step (two samples of ones, rescaled by 1/2), summed over 2 workers
+            # per worker and step (two samples of ones, rescaled by 1/2), summed over 2 workers.
+            # dist_psp (c = n) too: the Trainer made again used to stamp its first gradient
+            # of the weight 0, and the servers, 2 rounds on, dropped it (0.58)
             assert r["same_parameters"] == pytest.approx([0.56] * 3, abs=1e-6), r
             assert r["first_after"] == pytest.approx([0.54] * 3, abs=1e-6), r
-        else:   # the pushes of a step land one by one, or a step may be dropped (dist_psp)
+        else:   # the pushes of a step land one by one
             assert all(0.5 < v < 0.61 for v in r["same_parameters"]), r
             assert r["first_after"][0] < r["same_parameters"][0], r   # lr 0.01, not 0
 

@@ -19,9 +19,12 @@ others         no items (``set_optimizer``, ``set_states``: one buffer)
 Replies are ``{"op": "reply", "seq", "ok", ...}`` with the values as buffers; a
 ``dist_pool`` server adds ``batch_size`` (the worker's next, 0: stop), ``pool`` (its size),
 ``lr`` (the rate it applies) and ``updates`` (pushes applied) to every reply that lets a worker
-go.  Between
-nodes and the scheduler: ``register``, ``heartbeat``, ``barrier``, ``finalize`` one way;
-``ack``, ``ok``, ``topology``, ``abort``, ``node_dead``, ``node_left``, ``shutdown`` the other.
+go.  A reply to ``init`` carries ``versions`` (each item's block's updates so far, in item
+order: a ``dist_psp`` store made while the job runs stamps its first gradients with them), and a
+``dist_psp`` pull's parts carry ``part`` (the item indices) and their ``versions``.  Between
+nodes and the scheduler: ``register``, ``heartbeat``, ``barrier``, ``finalize``, ``failed`` (a
+worker about to stop says why: it lost a server) one way; ``ack``, ``ok``, ``topology``,
+``abort``, ``node_dead``, ``node_left``, ``shutdown`` the other.
 
 Authentication says who sent a message, not that it is well formed: a header
 that does not fit is refused with a :class:`ProtocolError` that names the

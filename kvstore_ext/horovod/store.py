@@ -124,10 +124,11 @@ class _Key:
     """One parameter: the worker's weights and, for DC-S3GD, the update in flight."""
 
     __slots__ = ("weight", "avg", "reduced", "pending", "corrected", "host", "grad", "step",
-                 "outs", "sim_s")
+                 "outs", "sim_s", "name")
 
-    def __init__(self, weight):
+    def __init__(self, weight, name: str):
         self.weight = weight   # this worker's weights w_i
+        self.name = name       # its allreduce's name (the same on every worker)
         self.avg = None        # DC-S3GD: the workers' average w̄ as of the last allreduce
         self.reduced = None    # the buffer Horovod reduces in place: Δw_i, then the mean of them
         self.pending = False   # DC-S3GD: ``reduced`` holds a mean not yet added to ``avg``
@@ -255,7 +256,7 @@ class HorovodStore(MXNetCalls, KVStoreBase):
         if self.num_workers > 1:
             self._check_declarations(k, v)
             self._hvd.broadcast_(weight, root_rank=0, name=f"{self._names}.init.{k}")
-        st = _Key(weight)
+        st = _Key(weight, f"{self._names}.{self._type}.{k}")
         if self.lag:
             st.avg = weight.copy()
         self._keys[k] = st
@@ -385,7 +386,7 @@ class HorovodStore(MXNetCalls, KVStoreBase):
         if self._link is not None and st.sim_s > 0:
             self._link.hold(st.reduced, st.sim_s)
         if self.num_workers > 1:
-            self._hvd.allreduce_(st.reduced, op=self._hvd.Average, name=f"{self._names}.{self._type}.{k}",
+            self._hvd.allreduce_(st.reduced, op=self._hvd.Average, name=st.name,
                                  priority=priority)
             self._stall.started(r, k, st.reduced)
             # the array handed to allreduce, and the mean that comes back (what goes over the

@@ -9,7 +9,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from conftest import JOBS, LAUNCH, ROOT, job_processes_left, read_json, tagged, wait_until
+from conftest import (JOBS, LAUNCH, ROOT, job_processes_left, read_json, tagged,
+                      wait_until)
 
 pytest.importorskip("horovod.mxnet")
 

@@ -175,15 +175,33 @@ class HeldVersions:
     breaks the equality with BSP (and the worker falls a round behind on that block).  So a
     version older than the one held is ignored.  Every version recorded came from a server, so a
     stamp is never ahead of the server's version either.
+
+    A plain push (``kv.push``, no pull after it) is answered once the round it went into has
+    closed: the worker's next gradient of the block belongs to the next round, as under BSP,
+    though no weights came back (MXNet's own dense push/pull test pushes three times, then
+    pulls once).  :meth:`pushed` records that round, and the stamp is the later of the two.
     """
 
     def __init__(self):
         self._held: dict = {}     # block -> newest version received
+        self._pushed: dict = {}   # block -> the round after the one its last plain push closed
         self.ignored = 0          # versions that arrived older than the one held
 
     def stamp(self, block) -> int:
         """The version to stamp the block's next gradient with (0 before any reply)."""
-        return self._held.get(block, 0)
+        held = self._held.get(block, 0)
+        pushed = self._pushed.get(block)
+        return held if pushed is None or pushed < held else pushed
+
+    def held(self, block) -> int | None:
+        """The newest version of the block's value received (None: none yet)."""
+        return self._held.get(block)
+
+    def pushed(self, block, stamp: int) -> None:
+        """A plain push of ``block`` stamped ``stamp`` was answered: the round it went into (or
+        a later one, if it was dropped) has closed."""
+        if self._pushed.get(block, -1) < stamp + 1:
+            self._pushed[block] = stamp + 1
 
     def arrived(self, block, version: int) -> bool:
         """A reply brought ``block`` at ``version``; False (and ignored) if older than held."""

@@ -434,6 +434,11 @@ class Coalescer:
                 self._send_locked()
             return batch
 
+    def holds(self, key) -> bool:
+        """Whether the open batch, not sent yet, holds a call of ``key``."""
+        with self._lock:
+            return self._open is not None and key in self._open.keys
+
     def flush(self, batch: Batch | None = None) -> None:
         """Send the open batch (only if it is ``batch``, when one is named)."""
         with self._lock:

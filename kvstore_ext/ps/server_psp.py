@@ -19,14 +19,16 @@ STAMP_OF = operator.itemgetter(STAMP)
 
 
 class WaitingPull:
-    """A request whose pull items wait for their blocks to reach a version."""
+    """A request whose items wait for their blocks to reach a version: a pull's are sent in
+    parts as they do; a plain push (``with_values`` False) is answered once, when all have."""
 
-    __slots__ = ("ident", "seq", "worker", "route", "min_versions", "unsent")
+    __slots__ = ("ident", "seq", "worker", "route", "min_versions", "unsent", "with_values")
 
-    def __init__(self, ident, seq, worker, route, min_versions):
+    def __init__(self, ident, seq, worker, route, min_versions, with_values=True):
         self.ident, self.seq, self.worker = ident, seq, worker
         self.route, self.min_versions = route, min_versions
         self.unsent = set(range(len(route.slots)))
+        self.with_values = with_values
 
 
 class PartialSyncHandler:
@@ -78,18 +80,18 @@ class PartialSyncHandler:
                 closed.append(group)
             elif outcome.deadline is not None:
                 server.at(outcome.deadline, self.on_timer)
-        if header["op"] == Op.PUSHPULL:
-            self._wait(ident, header, worker, route)
-        else:
-            server.reply(ident, header["seq"], worker=header["worker"])
+        # a pushpull waits as a pull; a plain push for the round it went into to close (at
+        # once if it was dropped), so that the worker's next push of the block belongs to the
+        # next round, as under BSP (see policies.psp.HeldVersions.pushed)
+        self._wait(ident, header, worker, route, with_values=header["op"] == Op.PUSHPULL)
         self._apply(closed)
 
     def op_pull(self, ident, header, buffers) -> None:
         self._wait(ident, header, header["worker"], self.server.route(header["items"], "pulled"))
 
-    def _wait(self, ident, header, worker, route) -> None:
+    def _wait(self, ident, header, worker, route, with_values=True) -> None:
         p = WaitingPull(ident, header["seq"], worker, route,
-                        [int(i[WANTED]) for i in header["items"]])
+                        [int(i[WANTED]) for i in header["items"]], with_values)
         self.waiting.append(p)
         self._answer([p])
 
@@ -121,6 +123,13 @@ class PartialSyncHandler:
         for p in pulls:
             slots = p.route.slots
             ready = [i for i in sorted(p.unsent) if slots[i].version >= p.min_versions[i]]
+            if not p.with_values:
+                if len(ready) == len(p.unsent):
+                    p.unsent.clear()
+                    self.server.reply(p.ident, p.seq, worker=p.worker)
+                else:
+                    still.append(p)
+                continue
             if ready:
                 p.unsent.difference_update(ready)
                 self.server.send_part(p, ready)

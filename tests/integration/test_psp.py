@@ -90,6 +90,29 @@ def test_a_late_reply_to_an_earlier_call_does_not_move_the_stamp_back():
     assert policy.dropped == 0 and policy.version == 2
 
 
+def test_an_answered_plain_push_stamps_the_next_gradient_for_the_next_round():
+    """MXNet's nightly dense test pushes three times, then pulls: no weights come back between
+    the pushes, yet under c = n each must go into its own round, as under BSP."""
+    held, block = HeldVersions(), ("w", 0)
+    assert held.stamp(block) == 0 and held.held(block) is None
+    held.pushed(block, 0)                     # the push's round closed: version 1
+    assert held.stamp(block) == 1 and held.held(block) is None
+    held.arrived(block, 3)                    # a pull brings a newer version
+    assert held.stamp(block) == 3
+    held.pushed(block, 3)
+    held.pushed(block, 1)                     # an older answer never moves it back
+    assert held.stamp(block) == 4 and held.held(block) == 3
+    policy = PartialPushPolicy(range(2), min_pushes=2)
+    stamps = HeldVersions(), HeldVersions()
+    for _ in range(3):                        # push, answered when the round closes, x 3
+        sent = [s.stamp(block) for s in stamps]
+        outcomes = [policy.on_push(w, sent[w], 0.0) for w in range(2)]
+        assert not any(o.dropped for o in outcomes) and outcomes[-1].apply
+        for s, stamp in zip(stamps, sent):
+            s.pushed(block, stamp)
+    assert policy.version == 3 and policy.dropped == 0
+
+
 class _Replies:
     """A stand-in for the worker's connection: each request's reply is given by the test."""
 
@@ -115,6 +138,7 @@ def _dist_psp_without_job(monkeypatch, conn, meta):
         self._meta = meta
         self._type = "dist_psp"
         self._frame_limit = DEFAULT_MAX_FRAME_BYTES
+        self._coalescer = None
 
     monkeypatch.setattr(ParameterServerStore, "__init__", no_job)
     return DistPSP(min_pushes=8)

@@ -23,23 +23,73 @@ def expected_weights(num_workers, pushes):
     return out
 
 
-@pytest.mark.parametrize("kvstore,servers", [("dist_asp", 1), ("dist_asp", 2),
-                                             ("dist_bsp", 2), ("dist_ssp", 2)])
-def test_no_update_is_lost(run_job, tmp_path, kvstore, servers):
-    """4 workers x 200 pushes of known gradients: w = init - lr * sum(all gradients)."""
+def synchronous_rounds(num_workers, pushes, momentum):
+    """Per key, the weights after each of ``pushes`` synchronous rounds: every worker's
+    gradient of round i summed, then MXNet's SGD step (float32, its kernel's order)."""
+    out = {}
+    for k in SHAPES:
+        w = init_value(k)
+        m = np.zeros_like(w)
+        rounds = []
+        for i in range(pushes):
+            g = sum(grad(k, worker, i) for worker in range(num_workers))
+            m = np.float32(momentum) * m - np.float32(LR) * g
+            w = w + m
+            rounds.append(w)
+        out[str(k)] = np.stack(rounds)
+    return out
+
+
+def run_exact_updates(run_job, tmp_path, kvstore, servers, *options, pushes=200):
     out = str(tmp_path / "final.npz")
     code, log = run_job(4, servers, [os.path.join(JOBS, "exact_updates.py"), "--kvstore", kvstore,
-                                     "--pushes", "200", "--out", out],
+                                     "--pushes", str(pushes), "--out", out, *options],
                         env={"KVX_BIGARRAY_BOUND": "100"})   # 'big' (2000 elements) is split
     assert code == 0, log[-3000:]
-    got = np.load(out)
-    for k, want in expected_weights(4, 200).items():
-        rel = np.abs(got[k] - want).max() / np.abs(want).max()
-        assert rel <= 1e-5, f"key {k}: relative error {rel}"
     stats = read_json(out + ".json")["stats"]
     applied = sum(s["pushes_applied"] for s in stats["servers"])
     blocks_per_push = 1 + servers            # 'small' whole, 'big' in one block per server
-    assert applied == 4 * 200 * blocks_per_push
+    assert applied == 4 * pushes * blocks_per_push
+    return np.load(out)
+
+
+@pytest.mark.parametrize("kvstore,servers", [("dist_asp", 1), ("dist_asp", 2),
+                                             ("dist_bsp", 2), ("dist_ssp", 2),
+                                             ("dist_psp", 2)])
+def test_no_update_is_lost(run_job, tmp_path, kvstore, servers):
+    """4 workers x 200 pushes of known gradients: w = init - lr * sum(all gradients).
+    ``dist_psp`` (c = n) lost all but one of a worker's plain pushes made without a pull
+    between them (the nightly dense test of MXNet's ``dist_sync`` pushes three times, then
+    pulls): each was stamped with the version before the last push's round."""
+    got = run_exact_updates(run_job, tmp_path, kvstore, servers)
+    for k, want in expected_weights(4, 200).items():
+        rel = np.abs(got[k] - want).max() / np.abs(want).max()
+        assert rel <= 1e-5, f"key {k}: relative error {rel}"
+
+
+@pytest.mark.parametrize("kvstore,momentum", [("dist_bsp", 0.5), ("dist_psp", 0.5),
+                                              ("dist_asp", 0.0)])
+def test_pushpulls_made_back_to_back_lose_nothing_and_bring_each_rounds_weights(
+        run_job, tmp_path, kvstore, momentum):
+    """Raw ``kv.pushpull`` calls, one round after another with no wait (gradients that do not
+    read the weights, each round into fresh arrays), SGD with momentum: every push applied,
+    and on a synchronous store (``dist_psp`` with c = n is ``dist_bsp``) round i's call brings
+    the weights after exactly i + 1 rounds.  ``dist_psp`` stamped a round's gradient before the
+    last round's reply was in, and the servers dropped three rounds of four."""
+    pushes = 60
+    got = run_exact_updates(run_job, tmp_path, kvstore, 2, "--calls", "pushpull",
+                            "--momentum", str(momentum), pushes=pushes)
+    if momentum == 0:
+        for k, want in expected_weights(4, pushes).items():
+            rel = np.abs(got[k] - want).max() / np.abs(want).max()
+            assert rel <= 1e-5, f"key {k}: relative error {rel}"
+        return
+    for k, rounds in synchronous_rounds(4, pushes, momentum).items():
+        brought = got[f"{k}_rounds"]
+        bad = [i for i in range(pushes)
+               if np.abs(brought[i] - rounds[i]).max() > 1e-5 * np.abs(rounds[i]).max()]
+        assert not bad, f"key {k}: rounds {bad[:10]} brought other weights"
+        assert np.abs(got[k] - rounds[-1]).max() <= 1e-5 * np.abs(rounds[-1]).max()
 
 
 def lead_maxima(metrics_dir):

@@ -62,6 +62,10 @@ def parse_args(argv=None):
                    help="run only the cases whose name contains this text; repeatable")
     p.add_argument("--ours-only", action="store_true",
                    help="skip the runs on MXNet's own stores")
+    p.add_argument("--sync-store", default="dist_bsp",
+                   help="our store in the rows of MXNet's dist_sync and dist_device_sync "
+                        "(default dist_bsp; dist_psp, whose default c = n, b = 1 is dist_bsp, "
+                        "is the other that must pass them)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per job (default 600)")
     p.add_argument("--out", default=None, help="write mxnet_tests.json and .md into this folder")
     return p.parse_args(argv)
@@ -122,6 +126,8 @@ def main(argv=None) -> int:
                  f"(an apache/mxnet checkout of the 1.9.x branch is needed)")
     rows = []
     for file, targs, native, ours in CASES:
+        if ours == "dist_bsp":
+            ours = args.sync_store
         name = case_name(file, targs)
         if args.only and not any(o in name for o in args.only):
             continue

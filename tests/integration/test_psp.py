@@ -91,8 +91,8 @@ def test_a_late_reply_to_an_earlier_call_does_not_move_the_stamp_back():
 
 
 def test_an_answered_plain_push_stamps_the_next_gradient_for_the_next_round():
-    """MXNet's nightly dense test pushes three times, then pulls: no weights come back between
-    the pushes, yet under c = n each must go into its own round, as under BSP."""
+    """Pushes made with no pull between them: no weights come back, yet under c = n each must
+    go into its own round, as under BSP."""
     held, block = HeldVersions(), ("w", 0)
     assert held.stamp(block) == 0 and held.held(block) is None
     held.pushed(block, 0)                     # the push's round closed: version 1

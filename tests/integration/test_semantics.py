@@ -59,8 +59,7 @@ def run_exact_updates(run_job, tmp_path, kvstore, servers, *options, pushes=200)
 def test_no_update_is_lost(run_job, tmp_path, kvstore, servers):
     """4 workers x 200 pushes of known gradients: w = init - lr * sum(all gradients).
     ``dist_psp`` (c = n) lost all but one of a worker's plain pushes made without a pull
-    between them (the nightly dense test of MXNet's ``dist_sync`` pushes three times, then
-    pulls): each was stamped with the version before the last push's round."""
+    between them: each was stamped with the version before the last push's round."""
     got = run_exact_updates(run_job, tmp_path, kvstore, servers)
     for k, want in expected_weights(4, 200).items():
         rel = np.abs(got[k] - want).max() / np.abs(want).max()

@@ -179,7 +179,8 @@ class HeldVersions:
     A plain push (``kv.push``, no pull after it) is answered once the round it went into has
     closed: the worker's next gradient of the block belongs to the next round, as under BSP,
     though no weights came back (``dist_bsp`` puts each of a worker's pushes made without a pull
-    between them in a round of its own).  :meth:`pushed` records that round, and the stamp is the later of the two.
+    between them in a round of its own).  :meth:`pushed` records that round, and the stamp is
+    the later of the two.
     """
 
     def __init__(self):

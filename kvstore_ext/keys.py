@@ -42,6 +42,24 @@ def refuse_sparse(store_type: str, key, arrays, what: str = "value") -> None:
                 f"gradients (use a dense parameter, or MXNet's dist_sync for sparse ones)")
 
 
+def refuse_second_array(store_type: str, key, first_handle, value) -> None:
+    """Refuse initialising ``key`` again, in the same store, from another array than the first.
+
+    One store object given to two ``gluon.Trainer``s (``kvstore=kv``) initialises every key
+    twice, from two models' arrays; keeping the first value (what a repeated init does) would
+    train the second model on the first one's weights, in silence.  MXNet's ``local`` store
+    refuses every repeated init ("duplicate init of key"), and its ``dist_sync`` hangs.  The
+    same array again (a Trainer made anew over the same parameters) is kept."""
+    if first_handle is None or first_handle == value.handle.value:
+        return
+    from .errors import KVStoreError
+    raise KVStoreError(
+        f"{store_type}: duplicate init of key {key!r}: this store initialised it from another "
+        f"array, and keeps that array's values (is one store object given to two "
+        f"gluon.Trainers, or kv.init called twice for the key?). Give each model's "
+        f"parameters to one Trainer, each Trainer its own store, or initialise each key once")
+
+
 class MXNetCalls:
     """Calls of MXNet's own KVStore that are not in ``KVStoreBase``, for every kvstore_ext store:
     ``_barrier`` (MXNet's name for ``barrier``, used in MXNet's scripts and tests), and what

@@ -37,7 +37,7 @@ from ..errors import KVStoreError
 from ..engine import SimulatedLink, probe, run as run_in_engine, settled_view
 from .params import MKLDNN_ENV
 from ..keys import MXNetCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
-from ..keys import refuse_sparse
+from ..keys import refuse_second_array, refuse_sparse
 from ..metrics import WorkerMetrics, write_json
 from .overlap import OverlapMeter
 from ..stalls import after_seconds
@@ -124,10 +124,11 @@ class _Key:
     """One parameter: the worker's weights and, for DC-S3GD, the update in flight."""
 
     __slots__ = ("weight", "avg", "reduced", "pending", "corrected", "host", "grad", "step",
-                 "outs", "sim_s", "name")
+                 "outs", "sim_s", "name", "source")
 
-    def __init__(self, weight, name: str):
+    def __init__(self, weight, name: str, source: int):
         self.weight = weight   # this worker's weights w_i
+        self.source = source   # the handle of the array the key was initialised from
         self.name = name       # its allreduce's name (the same on every worker)
         self.avg = None        # DC-S3GD: the workers' average w̄ as of the last allreduce
         self.reduced = None    # the buffer Horovod reduces in place: Δw_i, then the mean of them
@@ -232,7 +233,9 @@ class HorovodStore(MXNetCalls, KVStoreBase):
 
     # -- keys ---------------------------------------------------------------------------------
     def init(self, key, value):
-        """Take worker 0's values for new keys (a broadcast); re-initialising is an error."""
+        """Take worker 0's values for new keys (a broadcast).  Initialising a key again from
+        the same array keeps its weights; from another array, or with another shape, it is
+        an error."""
         for k, v in _pairs(key, value):
             self._init_key(_check_key(k), _as_list(v)[0])
 
@@ -245,6 +248,7 @@ class HorovodStore(MXNetCalls, KVStoreBase):
                 raise KVStoreError(f"key {k!r} is already initialised with shape {tuple(w.shape)} "
                                    f"{np.dtype(w.dtype).name}; cannot initialise it again with shape "
                                    f"{tuple(v.shape)} {np.dtype(v.dtype).name}")
+            refuse_second_array(self._type, k, known.source, v)
             return known
         if adopt is not None:
             # the caller's weight array becomes the store's (gluon's parameter): no copy per step
@@ -256,7 +260,7 @@ class HorovodStore(MXNetCalls, KVStoreBase):
         if self.num_workers > 1:
             self._check_declarations(k, v)
             self._hvd.broadcast_(weight, root_rank=0, name=f"{self._names}.init.{k}")
-        st = _Key(weight, f"{self._names}.{self._type}.{k}")
+        st = _Key(weight, f"{self._names}.{self._type}.{k}", v.handle.value)
         if self.lag:
             st.avg = weight.copy()
         self._keys[k] = st

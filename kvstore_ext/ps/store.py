@@ -40,7 +40,7 @@ from .link import Connection, unseen, when_answered
 from ..errors import KVStoreError
 from ..jobenv import NotInAJob
 from ..keys import MXNetCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
-from ..keys import refuse_sparse
+from ..keys import refuse_second_array, refuse_sparse
 from ..metrics import WorkerMetrics, write_json
 from .partition import Partitioner
 from ..policies.psp import HeldVersions, PartialPull, resolve_min_pushes
@@ -219,8 +219,9 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         init-and-pull then costs one round trip in all, not one per key.
 
         As in MXNet, a store's keys are all ints or all strs ("Mixed key types are not
-        allowed"), and initialising a key again with the same shape and dtype keeps the
-        value it has (worker 0's first one); with another shape or dtype it is an error.
+        allowed"). Initialising a key again from the same array keeps the value it has
+        (worker 0's first one); from another array, or with another shape or dtype, it is an
+        error (:func:`refuse_second_array`).
         """
         self._flush()
         self._raise_deferred()
@@ -238,12 +239,12 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
                                    f"{self._key_type.__name__}s")
             v = _as_list(v)[0]
             shape, dtype = tuple(v.shape), np.dtype(v.dtype)
-            self._check_owner(k, v)
             known = self._meta.get(k)
             if known is not None and known != (shape, dtype):
                 raise KVStoreError(f"key {k!r} is already initialised with shape {known[0]} "
                                    f"{known[1].name}; cannot initialise it again with shape "
                                    f"{shape} {dtype.name}")
+            self._check_owner(k, v)
             flat = v.asnumpy().reshape(-1) if send_values else None
             for b in self._part.blocks(k, int(np.prod(shape)) if shape else 1):
                 entry = items.setdefault(b.server, ([], []))
@@ -265,7 +266,8 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         """The servers answered an init (``items``: server -> (its items, buffers))."""
 
     def _check_owner(self, key, value) -> None:
-        """Refuse a key that another live store of this process initialised from another array.
+        """Refuse a key that this store, or another live store of this process, initialised
+        from another array.
 
         The stores of one process share one link, so the servers' keys and their optimizer:
         two ``gluon.Trainer``s (a GAN's generator and discriminator) would each init key 0,
@@ -276,7 +278,10 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         if owner is None:
             return
         store, handle = owner[0](), owner[1]
-        if store is None or store is self or handle == value.handle.value:
+        if store is self:
+            refuse_second_array(self.type, key, handle, value)
+            return
+        if store is None or handle == value.handle.value:
             return
         raise KVStoreError(
             f"{self.type}: key {key!r} was initialised by another {store.type} store of this "

@@ -427,6 +427,25 @@ def test_two_trainers_in_one_worker_train_their_own_weights(run_hvd, store):
         assert r["first_after"][0] < r["same_parameters"][0] < 1.0, r
 
 
+@pytest.mark.parametrize("store", ["dist_ssgd", "dist_dcs3gd"])
+def test_one_store_given_to_two_trainers_refuses_the_second_model(run_hvd, store):
+    """One store object given to two models' Trainers (``kvstore=kv``): the second one's
+    init of key 0 returned the first model's key, so the second model trained on the first
+    one's weights (5 became 0.7) and moved them (0.6 instead of 0.7), in silence.  Now its
+    first step is refused naming the key, and the first model trains on alone."""
+    code, log = run_hvd([os.path.join(JOBS, "two_trainers.py"), store, "one-store"], timeout=120)
+    assert code == 0, log[-3000:]
+    reports = tagged(log, "TWO_TRAINERS")
+    assert len(reports) == 2, log[-3000:]
+    for r in reports:
+        assert r["second_model_error"].startswith(f"{store}: duplicate init of key 0: "), r
+        assert r["second_model_after"] == [5.0] * 3, r
+        assert r["same_array_again"] == "kept", r
+        # lr 0.1, a gradient of 1 on each worker, averaged
+        assert r["first"] == pytest.approx([0.8] * 3, abs=1e-6), r
+        assert r["first_after"] == pytest.approx([0.7] * 3, abs=1e-6), r
+
+
 def test_a_failing_worker_stops_the_job(run_hvd, tmp_path):
     script = tmp_path / "fail_one.py"
     script.write_text(FAIL_ONE)

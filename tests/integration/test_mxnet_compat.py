@@ -86,6 +86,33 @@ def test_async_stores_follow_mxnet_dist_async_trainer_rule(run_job, tmp_path, kv
 
 
 @pytest.mark.parametrize("kvstore", ["dist_bsp", "dist_asp", "dist_psp"])
+def test_one_store_given_to_two_trainers_never_trains_one_model_on_the_others_weights(
+        run_job, kvstore):
+    """One store object, ``kvstore=kv``, given to two models' Trainers: the second Trainer
+    initialised keys 0 and 1 again from its own arrays, the store kept the first model's
+    values, and the second model trained on them in silence, moving the first model's weights
+    with its gradients (``tests/jobs/two_trainers.py one-store``: its weights, 5, became 0.4, and the
+    first model's 0.2 instead of 0.4).  MXNet's ``local`` store refuses a repeated init, and
+    its ``dist_sync`` hangs.  Now the second Trainer's first step is refused naming the key,
+    the first model trains on as if it were alone, and the same array again is kept."""
+    code, log = run_job(2, 1, [os.path.join(JOBS, "two_trainers.py"), kvstore, "one-store"], timeout=120)
+    assert code == 0, log[-3000:]
+    reports = tagged(log, "TWO_TRAINERS")
+    assert len(reports) == 2, log[-3000:]
+    for r in reports:
+        assert "second_model" not in r, r
+        assert r["second_model_error"].startswith(f"{kvstore}: duplicate init of key 0: "), r
+        assert r["second_model_after"] == [5.0] * 3, r
+        assert r["same_array_again"] == "kept", r
+        if kvstore != "dist_asp":
+            # lr 0.1, a gradient of 1 per worker and step, summed over 2 workers
+            assert r["first"] == pytest.approx([0.6] * 3, abs=1e-6), r
+            assert r["first_after"] == pytest.approx([0.4] * 3, abs=1e-6), r
+        else:   # the pushes of a step land one by one
+            assert r["first_after"][0] < r["first"][0] < 1.0, r
+
+
+@pytest.mark.parametrize("kvstore", ["dist_bsp", "dist_asp", "dist_psp"])
 def test_a_second_trainers_store_never_trains_the_first_ones_weights(run_job, kvstore):
     """Two Trainers in one worker each make a store, and a process's stores share the
     servers' keys and optimizer.  A second model whose parameters had the shapes of the first

@@ -6,6 +6,12 @@
    its parameters of the same shapes (a GAN's generator and discriminator): refused at its
    first step, naming the key; and the first Trainer's optimizer on the servers is untouched.
 Prints ``TWO_TRAINERS {json}``.
+
+With ``one-store`` (argv[2]), one store object is given to two models' Trainers instead
+(``kvstore=kv``): both initialise keys 0 and 1 in it, from two models' arrays.  Keeping the
+first values would train the second model on the first one's weights, in silence; the
+second Trainer's first step must be refused, naming the key, and the first model must go on
+training its own weights.  Initialising a key again from the same array is kept.
 """
 import json
 import sys
@@ -29,23 +35,55 @@ def steps(net, trainer, n):
     return net.weight.data().asnumpy()[0].tolist()
 
 
-a = gluon.nn.Dense(3, in_units=3)
-a.initialize(mx.init.Constant(1.0))
-first = gluon.Trainer(a.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=store)
-steps(a, first, 2)
-again = gluon.Trainer(a.collect_params(), "sgd", {"learning_rate": 0.01}, kvstore=store)
-report["same_parameters"] = steps(a, again, 2)
+def two_stores():
+    a = gluon.nn.Dense(3, in_units=3)
+    a.initialize(mx.init.Constant(1.0))
+    first = gluon.Trainer(a.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=store)
+    steps(a, first, 2)
+    again = gluon.Trainer(a.collect_params(), "sgd", {"learning_rate": 0.01}, kvstore=store)
+    report["same_parameters"] = steps(a, again, 2)
 
-b = gluon.nn.Dense(3, in_units=3)
-b.initialize(mx.init.Constant(5.0))
-other = gluon.Trainer(b.collect_params(), "sgd", {"learning_rate": 0.0}, kvstore=store)
-try:
-    steps(b, other, 1)
-    report["second_model"] = b.weight.data().asnumpy()[0].tolist()
-except kvstore_ext.KVStoreError as exc:
-    report["second_model_error"] = str(exc)
-# the first model's Trainer goes on: its servers' optimizer must still be lr 0.01, not 0
-report["first_after"] = steps(a, again, 1)
-report["num_workers"] = again._kvstore.num_workers
+    b = gluon.nn.Dense(3, in_units=3)
+    b.initialize(mx.init.Constant(5.0))
+    other = gluon.Trainer(b.collect_params(), "sgd", {"learning_rate": 0.0}, kvstore=store)
+    try:
+        steps(b, other, 1)
+        report["second_model"] = b.weight.data().asnumpy()[0].tolist()
+    except kvstore_ext.KVStoreError as exc:
+        report["second_model_error"] = str(exc)
+    # the first model's Trainer goes on: its servers' optimizer must still be lr 0.01, not 0
+    report["first_after"] = steps(a, again, 1)
+    report["num_workers"] = again._kvstore.num_workers
+
+
+def one_store():
+    kv = mx.kv.create(store)
+    a = gluon.nn.Dense(3, in_units=3)
+    a.initialize(mx.init.Constant(1.0))
+    first = gluon.Trainer(a.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=kv)
+    report["first"] = steps(a, first, 2)
+
+    b = gluon.nn.Dense(3, in_units=3)
+    b.initialize(mx.init.Constant(5.0))
+    second = gluon.Trainer(b.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=kv)
+    try:
+        steps(b, second, 1)
+        report["second_model"] = b.weight.data().asnumpy()[0].tolist()
+    except kvstore_ext.KVStoreError as exc:
+        report["second_model_error"] = str(exc)
+        report["second_model_after"] = b.weight.data().asnumpy()[0].tolist()
+    report["first_after"] = steps(a, first, 1)
+    try:   # the same array again: kept, as a Trainer made anew over the same parameters does
+        kv.init(0, first._params[0].data())   # key 0 is the Trainer's first parameter
+        report["same_array_again"] = "kept"
+    except kvstore_ext.KVStoreError as exc:
+        report["same_array_again"] = str(exc)
+    report["num_workers"] = kv.num_workers
+
+
+if sys.argv[2:] == ["one-store"]:
+    one_store()
+else:
+    two_stores()
 sys.stdout.write(f"TWO_TRAINERS {json.dumps(report)}\n")   # one write: the workers share a pipe
 sys.stdout.flush()

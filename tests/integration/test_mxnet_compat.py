@@ -92,9 +92,10 @@ def test_one_store_given_to_two_trainers_never_trains_one_model_on_the_others_we
     initialised keys 0 and 1 again from its own arrays, the store kept the first model's
     values, and the second model trained on them in silence, moving the first model's
     weights with its gradients (``tests/jobs/two_trainers.py one-store``: its weights, 5,
-    became 0.4, and the first model's 0.2 instead of 0.4).  MXNet's ``local`` store refuses a repeated init, and
-    its ``dist_sync`` hangs.  Now the second Trainer's first step is refused naming the key,
-    the first model trains on as if it were alone, and the same array again is kept."""
+    became 0.4, and the first model's 0.2 instead of 0.4).  MXNet's ``local`` store refuses
+    a repeated init, and its ``dist_sync`` hangs.  Now the second Trainer's first step is
+    refused naming the key, the first model trains on as if it were alone, and the same
+    array again is kept."""
     code, log = run_job(2, 1, [os.path.join(JOBS, "two_trainers.py"), kvstore, "one-store"],
                         timeout=120)
     assert code == 0, log[-3000:]

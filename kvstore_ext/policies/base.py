@@ -67,6 +67,11 @@ class SyncPolicy:
     def on_push(self, worker: int, now: float) -> Decision:
         raise NotImplementedError
 
+    #: whether an OK lets every request of the worker that waits for one go (a pool's, which
+    #: says the worker may compute now), not only the oldest (a bound's, which says it may
+    #: take one more step)
+    ok_answers_every_wait = False
+
     def remove_worker(self, worker: int, now: float) -> Decision:
         """A worker left the job: it must no longer hold the others back."""
         raise NotImplementedError

@@ -309,6 +309,10 @@ class PoolPolicy(SyncPolicy):
         return decision
 
     joinable = True
+    #: a worker taken into the pool computes: every request it made while it waited is
+    #: answered (raw ``pushpull`` calls made back to back, each one's push applied while it
+    #: waited, left all but the oldest waiting for ever)
+    ok_answers_every_wait = True
 
     def add_worker(self, worker: int, now: float) -> Decision:
         """A worker joins: it waits at its first pull until it is one of the pool's lowest

@@ -915,15 +915,20 @@ class Server:
                 queue = group.waiting.get(worker)
                 if not queue:
                     continue
-                p = queue.popleft()
-                p.outstanding -= 1
-                if p.outstanding == 0:
-                    if self.pooled:
-                        p.extra = self.pool_assignment(p.worker, group.policy)
-                    if p.with_values:
-                        self.reply_values(p)
-                    else:
-                        self.reply(p.ident, p.seq, p.extra, worker=p.worker)
+                answered = len(queue) if group.policy.ok_answers_every_wait else 1
+                for _ in range(answered):
+                    self._answer_waiting(queue.popleft(), group)
+
+    def _answer_waiting(self, p: "Pending", group: Group) -> None:
+        """One of the OKs ``p`` waits for (one a group it covers) has come."""
+        p.outstanding -= 1
+        if p.outstanding == 0:
+            if self.pooled:
+                p.extra = self.pool_assignment(p.worker, group.policy)
+            if p.with_values:
+                self.reply_values(p)
+            else:
+                self.reply(p.ident, p.seq, p.extra, worker=p.worker)
 
     def apply(self, groups, pusher=None) -> None:
         """One optimizer call for what ``groups`` gathered; ``pusher``: the (worker, delay) of

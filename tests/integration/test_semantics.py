@@ -55,7 +55,8 @@ def run_exact_updates(run_job, tmp_path, kvstore, servers, *options, pushes=200)
 
 @pytest.mark.parametrize("kvstore,servers", [("dist_asp", 1), ("dist_asp", 2),
                                              ("dist_bsp", 2), ("dist_ssp", 2),
-                                             ("dist_psp", 2)])
+                                             ("dist_dssp", 2), ("dist_psp", 2),
+                                             ("dist_pool", 2)])
 def test_no_update_is_lost(run_job, tmp_path, kvstore, servers):
     """4 workers x 200 pushes of known gradients: w = init - lr * sum(all gradients).
     ``dist_psp`` (c = n) lost all but one of a worker's plain pushes made without a pull
@@ -67,14 +68,17 @@ def test_no_update_is_lost(run_job, tmp_path, kvstore, servers):
 
 
 @pytest.mark.parametrize("kvstore,momentum", [("dist_bsp", 0.5), ("dist_psp", 0.5),
-                                              ("dist_asp", 0.0)])
+                                              ("dist_asp", 0.0), ("dist_ssp", 0.0),
+                                              ("dist_dssp", 0.0), ("dist_pool", 0.0)])
 def test_pushpulls_made_back_to_back_lose_nothing_and_bring_each_rounds_weights(
         run_job, tmp_path, kvstore, momentum):
     """Raw ``kv.pushpull`` calls, one round after another with no wait (gradients that do not
     read the weights, each round into fresh arrays), SGD with momentum: every push applied,
     and on a synchronous store (``dist_psp`` with c = n is ``dist_bsp``) round i's call brings
     the weights after exactly i + 1 rounds.  ``dist_psp`` stamped a round's gradient before the
-    last round's reply was in, and the servers dropped three rounds of four."""
+    last round's reply was in, and the servers dropped three rounds of four.  ``dist_pool``
+    (a pool of 2 of the 4 workers at the start) answered only the oldest of the rounds a
+    worker made while it waited outside the pool, and the job hung."""
     pushes = 60
     got = run_exact_updates(run_job, tmp_path, kvstore, 2, "--calls", "pushpull",
                             "--momentum", str(momentum), pushes=pushes)

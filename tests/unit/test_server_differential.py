@@ -84,3 +84,29 @@ def test_a_split_groups_rate_is_its_own_pools():
             s.send_value_replies()
         moved[grouped] = weights(s)[0]
     np.testing.assert_array_equal(moved[True], moved[False])
+
+
+def test_a_worker_taken_into_the_pool_gets_every_reply_it_waited_for(monkeypatch):
+    """Worker 1 starts outside a pool of one and makes three pushpulls back to back (raw
+    calls whose gradients do not read the weights): each push is applied, each reply waits.
+    When worker 0's push grows the pool to two, every one of worker 1's replies goes; only
+    the oldest went, and the job hung at worker 1's next read of its weights."""
+    install(monkeypatch)
+    params = {"pool": "progressive", "pool_start": 1, "pool_min": 1, "pool_every": 1,
+              "batch_size": 4, "epoch_samples": 16}
+    s = make_server("dist_pool", params, 2, True, [6], [np.float32],
+                    lambda: mx.optimizer.SGD(learning_rate=1.0))
+
+    def pushpull(seq, worker):
+        s.op_push(b"x", {"op": "pushpull", "seq": seq, "worker": worker,
+                         "items": [[0, 0, "<f4", 6]]}, buffers_of([np.ones(6, np.float32)]))
+        s.send_value_replies()
+
+    for seq in (1, 2, 3):
+        pushpull(seq, 1)
+    assert sorted(s.sent) == []                  # outside the pool: applied, not answered
+    pushpull(4, 0)                               # the 4th push of 4 samples: an epoch, 2 workers
+    assert s.slots[(0, 0)].group.policy.pool.size == 2
+    assert sorted(s.sent) == [1, 2, 3, 4]
+    assert all(s.sent[q][1] for q in (1, 2, 3, 4))
+    assert s.metrics.pushes_applied == 4

@@ -71,7 +71,8 @@ class StoreType:
     one key (``record``: keep a log of decisions for the metrics); ``None`` for stores whose
     servers decide otherwise (``server_handler``) or that have no servers.  A store whose
     rounds are versions of a block (``dist_psp``) gives ``block_policy(workers, params)``
-    instead, which the simulator runs.  ``store_class``
+    instead, which the simulator runs.  ``pooled``: its servers keep workers outside a
+    pool waiting (a worker tells them when it waits at a barrier).  ``store_class``
     and ``server_handler`` are ``"module:attribute"`` strings, imported on first use, so that
     reading the table needs neither mxnet nor horovod.  ``examples`` are the labelled
     parameter settings the simulator compares by default.
@@ -85,6 +86,7 @@ class StoreType:
     policy: Callable[..., SyncPolicy] | None = None
     block_policy: Callable[..., object] | None = None
     asynchronous: bool = False
+    pooled: bool = False
     store_class: str | None = None
     server_handler: str | None = None
     examples: tuple[tuple[str, dict], ...] = ()
@@ -292,6 +294,7 @@ register(StoreType(
     "follows a schedule (progressive, dynamic, scripted), with the learning rate, batch size or "
     "momentum tuned to it.", params=PoolConfig.PARAMS,
     check=lambda params: PoolConfig.from_params(params).to_params(), asynchronous=True,
+    pooled=True,
     policy=lambda workers, params, record: PoolPolicy(workers, PoolConfig.from_params(params)),
     examples=(("pool progressive", {"pool": "progressive"}),)))
 register(StoreType(

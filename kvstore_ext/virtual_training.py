@@ -205,7 +205,7 @@ class VirtualTraining:
         if self.row.policy is None and self.row.block_policy is None:
             raise ValueError(f"{store_type}: no synchronisation model to simulate "
                              f"(virtual-time training runs parameter-server stores)")
-        if self.row.name == "dist_pool":
+        if self.row.pooled:
             raise ValueError("dist_pool: a worker pool changes batch sizes and the learning "
                              "rate as it goes; virtual-time training does not run it yet")
         self.net = net

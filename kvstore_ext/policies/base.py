@@ -67,6 +67,11 @@ class SyncPolicy:
     def on_push(self, worker: int, now: float) -> Decision:
         raise NotImplementedError
 
+    def set_away(self, worker: int, away: bool, now: float) -> Decision:
+        """``worker`` waits at a barrier (``away``), or is through it.  It pushes nothing
+        meanwhile; the models that bound staleness keep counting it (its clock stays)."""
+        return Decision()
+
     #: whether an OK lets every request of the worker that waits for one go (a pool's, which
     #: says the worker may compute now), not only the oldest (a bound's, which says it may
     #: take one more step)

@@ -291,9 +291,15 @@ class PoolPolicy(SyncPolicy):
         # workers outside the first pool wait for their first OK (a server holds their first
         # pull until then), so no more than w compute from the start
         self.parked: set[int] = set(self.clocks.clock) - set(self.pool.active(self.clocks.clock))
+        #: workers waiting at a barrier: they compute nothing, so they leave their place in
+        #: the pool to the next ranks until they are through (see :meth:`set_away`)
+        self.away: set[int] = set()
+
+    def _candidates(self) -> list[int]:
+        return [w for w in self.clocks.clock if w not in self.away]
 
     def is_active(self, worker: int) -> bool:
-        return worker in self.pool.active(self.clocks.clock)
+        return worker in self.pool.active(self._candidates())
 
     def next_batch(self, worker: int) -> int:
         """The batch size ``worker`` is told with its OK (0 once the budget is spent)."""
@@ -324,18 +330,36 @@ class PoolPolicy(SyncPolicy):
         self._release(decision)
         return decision
 
+    def set_away(self, worker: int, away: bool, now: float) -> Decision:
+        """A worker at a barrier computes nothing: the next ranks take its place in the pool
+        meanwhile, so that a worker kept outside can reach the barrier too (otherwise the
+        pool's workers waited there for it, and it waited for them to push, for ever).  Back
+        through it, the worker is one of the pool's ranks again; a worker let in meanwhile
+        finishes its batch, as when the pool shrinks."""
+        decision = Decision()
+        if worker not in self.clocks:
+            return decision
+        if away:
+            self.away.add(worker)
+            self._release(decision)
+        else:
+            self.away.discard(worker)
+        return decision
+
     def remove_worker(self, worker: int, now: float) -> Decision:
         decision = Decision()
         if worker in self.clocks:
             self.clocks.remove(worker)
             self.parked.discard(worker)
+            self.away.discard(worker)
             self.assigned.pop(worker, None)
             if len(self.clocks):
                 self._release(decision)
         return decision
 
     def _release(self, decision: Decision) -> None:
-        go = self.parked if self.pool.done else self.parked & set(self.pool.active(self.clocks.clock))
+        go = self.parked if self.pool.done else \
+            self.parked & set(self.pool.active(self._candidates()))
         for w in sorted(go):
             self.parked.discard(w)
             self.assigned[w] = self.pool.batch_size()

@@ -13,6 +13,9 @@ names one block of one key.  Its fields by op:
                ``-1, wanted version``
 ``set_lr``     ``lr``: the learning rate the workers' optimizer now has
                (``gluon.Trainer.set_learning_rate``), no items
+``away``       ``away``: true when the worker starts waiting at a barrier,
+               false when it is through (a worker pool lets others compute
+               meanwhile), no items
 others         no items (``set_optimizer``, ``set_states``: one buffer)
 =============  ==========================================================
 
@@ -114,6 +117,7 @@ class Op:
     SET_STATES = "set_states"
     STATS = "stats"
     HELLO = "hello"
+    AWAY = "away"                 # a worker waits at a barrier (or is through it)
     REPLY = "reply"
     # node -> scheduler
     REGISTER = "register"
@@ -133,7 +137,8 @@ class Op:
 
 
 ITEM_OPS = (Op.INIT, Op.PUSH, Op.PUSHPULL, Op.PULL)
-OTHER_OPS = (Op.SET_OPTIMIZER, Op.SET_LR, Op.GET_STATES, Op.SET_STATES, Op.STATS, Op.HELLO)
+OTHER_OPS = (Op.SET_OPTIMIZER, Op.SET_LR, Op.GET_STATES, Op.SET_STATES, Op.STATS, Op.HELLO,
+             Op.AWAY)
 SCHEDULER_OPS = (Op.REGISTER, Op.HEARTBEAT, Op.BARRIER, Op.FINALIZE, Op.FAILED)
 
 #: the fields of an item (a list, so that a header stays small JSON)
@@ -182,6 +187,8 @@ def check_request(header: dict, num_workers: int, valid_items: dict | None = Non
         lr = header.get("lr")
         if not valid_lr(lr):
             raise ProtocolError(f"set_lr: lr must be a finite number >= 0, got {lr!r:.80}")
+    if op == Op.AWAY and type(header.get("away")) is not bool:
+        raise ProtocolError(f"away: away must be true or false, got {header.get('away')!r:.80}")
     if op not in ITEM_OPS:
         return
     items = header.get("items")

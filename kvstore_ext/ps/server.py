@@ -283,7 +283,7 @@ class Server:
                     Op.PULL: self.op_pull, Op.SET_OPTIMIZER: self.op_set_optimizer,
                     Op.SET_LR: self.op_set_lr,
                     Op.GET_STATES: self.op_get_states, Op.SET_STATES: self.op_set_states,
-                    Op.STATS: self.op_stats, Op.HELLO: self.op_hello}
+                    Op.STATS: self.op_stats, Op.HELLO: self.op_hello, Op.AWAY: self.op_away}
         self.timers: list = []            # (due, n, callback): round deadlines, late replies
         self.value_replies: list = []     # Pending requests answered at the end of the pass
         self.value_replies_since = 0.0
@@ -294,7 +294,7 @@ class Server:
         # a store type whose rounds are not a per-key SyncPolicy brings its own request
         # handler (dist_psp: stamped pushes, versioned pulls, replies in parts)
         self.row = registry.lookup(self.store_type)
-        self.pooled = self.row.name == "dist_pool"
+        self.pooled = self.row.pooled
         self.handler = None
         if self.row.server_handler:
             self.handler = registry.load(self.row.server_handler)(self)
@@ -1054,6 +1054,14 @@ class Server:
             raise RequestError("set an optimizer before loading optimizer states")
         self.optimizer.set_states(states)
         self.reply(ident, header["seq"], worker=header["worker"])
+
+    def op_away(self, ident, header, buffers) -> None:
+        """The worker waits at a barrier, or is through it (see ``SyncPolicy.set_away``)."""
+        worker, now = header["worker"], time.monotonic()
+        if self.handler is None and worker in self.members:
+            self.carry_out([(group, group.policy.set_away(worker, header["away"], now))
+                            for group in self.groups])
+        self.reply(ident, header["seq"], worker=worker)
 
     def op_hello(self, ident, header, buffers) -> None:
         self.reply(ident, header["seq"], worker=header["worker"])

@@ -748,10 +748,26 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         self._updater.states = states
 
     # -- job ----------------------------------------------------------------------------------
+    #: the servers keep workers outside a pool waiting (``dist_pool``): see :meth:`barrier`
+    pooled = False
+
     def barrier(self):
-        """Wait until every live worker of the job reaches this point."""
+        """Wait until every live worker of the job reaches this point.
+
+        On a pooled store the servers are told first that this worker waits here, so that a
+        worker kept outside the pool is let go and can reach the barrier too (it waited for
+        the pool's workers to push, and they waited here for it), and then that it is
+        through."""
         self._settle()
+        if self.pooled:
+            self._tell_servers_away(True)
         self._conn.scheduler_call({"op": Op.BARRIER})
+        if self.pooled:
+            self._tell_servers_away(False)
+
+    def _tell_servers_away(self, away: bool) -> None:
+        self._conn.request({s: ({"op": Op.AWAY, "away": away}, [])
+                            for s in range(self.num_servers)})
 
     def stats(self) -> dict:
         """This worker's metrics and every server's, read live."""
@@ -843,7 +859,7 @@ def store_class(row) -> type:
     if cls is None:
         cls = type(f"Store_{row.name}", (ParameterServerStore,),
                    {"store_type": row.name, "__doc__": row.summary, "__module__": __name__,
-                    "asynchronous": row.asynchronous})
+                    "asynchronous": row.asynchronous, "pooled": row.pooled})
         _classes[row.name] = cls
     return cls
 

@@ -6,7 +6,7 @@ import json
 import math
 import os
 
-from conftest import ROOT, read_json
+from conftest import ROOT, read_json, tagged
 
 from kvstore_ext.policies.pool import PoolConfig, WorkerPool
 
@@ -93,3 +93,20 @@ def test_the_experiments_config_plans_valid_pool_jobs():
     helptext = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True,
                               text=True, timeout=60).stdout
     assert all(f"--{k}" in helptext for k in args), args
+
+
+def test_workers_outside_the_pool_reach_a_barrier(run_job):
+    """A fixed pool of 1 of 3 workers and a raw script that reads its weights before a
+    barrier (``tests/jobs/pool_barrier.py``): ranks 1 and 2 waited for OK at their pull, rank
+    0 waited at the barrier for them, and the job hung.  A worker at a barrier now leaves its
+    place in the pool to the next rank, so every worker gets through, and the pushes made
+    after it are all applied (3 of lr 0.5 on ones)."""
+    code, log = run_job(3, 2, [os.path.join(ROOT, "tests", "jobs", "pool_barrier.py")],
+                        "--kv-param", "pool=fixed", "--kv-param", "pool_start=1",
+                        "--kv-param", "pool_min=1", env={"KVX_STALL_REPORT_S": "20"},
+                        timeout=90)
+    assert code == 0, log[-3000:]
+    reports = tagged(log, "POOL_BARRIER")
+    assert sorted(r["rank"] for r in reports) == [0, 1, 2], log[-3000:]
+    assert all(r["pulled"] == 0.0 and r["after"] == -1.5 for r in reports), reports
+    assert "has had no reply" not in log, log[-3000:]

@@ -26,7 +26,7 @@ from kvstore_ext.ps.transport import Codec
 
 LR = 2.0 ** -6
 OPS_SERVER = ["init", "push", "pushpull", "pull", "set_optimizer", "set_lr", "get_states",
-              "set_states", "stats", "hello"]
+              "set_states", "stats", "hello", "away"]
 
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70),
                       st.floats(allow_nan=False), st.text(max_size=20))
@@ -61,7 +61,7 @@ def server_harmless(header: dict, workers: int) -> bool:
     except Exception:
         return True
     return header["op"] not in ("init", "push", "pushpull", "set_optimizer", "set_lr",
-                                "set_states")
+                                "set_states", "away")
 
 
 def scheduler_harmless(header: dict, workers: int) -> bool:

@@ -166,6 +166,8 @@ def test_inbox_rejects_replays_old_counters_and_other_addressees():
      "an item is"),
     ({"op": "push", "seq": 1, "worker": 0, "reply_to": "r", "items": "x"}, "items"),
     ({"op": "push", "seq": True, "worker": 0, "reply_to": "r", "items": [[0, 0, "<f4", 4]]}, "seq"),
+    ({"op": "away", "seq": 1, "worker": 0, "reply_to": "r", "away": 1}, "away must be true"),
+    ({"op": "away", "seq": 1, "worker": 0, "reply_to": "r"}, "away must be true"),
 ])
 def test_request_schema_names_what_is_wrong(header, problem):
     from kvstore_ext.ps.protocol import ProtocolError, check_request
@@ -181,7 +183,8 @@ def test_request_schema_accepts_every_request_the_workers_send():
                    {"op": "pushpull", "items": [[0, 0, "<f4", 6], ["w", 1, "<f2", 5]]},
                    {"op": "pull", "items": [[0, 0, "<f4", 6, -1, 4]]},
                    {"op": "push", "items": [[0, 0, "<f4", 6, 3, 4]]},
-                   {"op": "set_optimizer"}, {"op": "stats"}, {"op": "hello"}):
+                   {"op": "set_optimizer"}, {"op": "stats"}, {"op": "hello"},
+                   {"op": "away", "away": True}, {"op": "away", "away": False}):
         check_request({**header, **base}, num_workers=2)
 
 

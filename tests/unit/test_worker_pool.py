@@ -179,6 +179,29 @@ def test_a_departed_worker_makes_room_for_the_next_rank():
     assert [w for w, _ in decision.released] == [2]     # now 1 and 2 are the lowest ranks
 
 
+def test_a_worker_at_a_barrier_leaves_its_place_to_the_next_rank_until_it_is_through():
+    """A fixed pool of 1 of 3 workers, and a script that reads its weights before a barrier:
+    ranks 1 and 2 waited for OK, rank 0 waited at the barrier for them, for ever.  Each rank
+    that reaches the barrier lets the next one go; back through it, rank 0 is the pool again,
+    and rank 1, let in meanwhile, waits at its next push."""
+    config = PoolConfig.from_params({"pool": "fixed", "pool_start": 1, "pool_min": 1,
+                                     "batch_size": 4})
+    policy = PoolPolicy(range(3), config)
+    assert policy.parked == {1, 2}
+    assert [w for w, _ in policy.set_away(0, True, 1.0).released] == [1]
+    assert [w for w, _ in policy.set_away(1, True, 2.0).released] == [2]
+    assert policy.set_away(2, True, 3.0).released == []
+    for w in range(3):
+        assert policy.set_away(w, False, 4.0).released == []
+    assert policy.is_active(0) and not policy.is_active(1)
+    assert [w for w, _ in policy.on_push(0, 5.0).released] == [0]
+    assert policy.on_push(1, 5.1).released == []            # outside the pool again
+    assert policy.set_away(7, True, 6.0).released == []      # not a member: nothing
+    policy.set_away(0, True, 7.0)
+    policy.remove_worker(0, 8.0)
+    assert policy.away == set()
+
+
 def test_everyone_waiting_is_let_go_with_batch_0_when_the_budget_is_spent():
     config = PoolConfig.from_params({"pool": "fixed", "batch_size": 50, "epoch_samples": 150,
                                      "epochs": 1})

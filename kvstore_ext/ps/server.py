@@ -920,7 +920,7 @@ class Server:
                     self._answer_waiting(queue.popleft(), group)
 
     def _answer_waiting(self, p: "Pending", group: Group) -> None:
-        """One of the OKs ``p`` waits for (one a group it covers) has come."""
+        """One of the OKs ``p`` waits for (one from each group it covers) has come."""
         p.outstanding -= 1
         if p.outstanding == 0:
             if self.pooled:

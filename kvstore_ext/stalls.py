@@ -41,6 +41,10 @@ def look_period(after_s: float) -> float:
 
 PEER_HUNG = ("Unless a peer it waits for is busy elsewhere (evaluating, saving), a peer or the "
              "link to it is hung")
+#: what else a wait for a server's reply may be on a store with a worker pool (``dist_pool``)
+POOL_WAIT = ("Unless the worker pool keeps this worker out for now (it waits for OK until the "
+             "pool grows, or a lower rank leaves the job or waits at a barrier) or a peer it "
+             "waits for is busy elsewhere (evaluating, saving), a peer or the link to it is hung")
 
 
 def report(what: str, out=None, unless: str = PEER_HUNG) -> None:

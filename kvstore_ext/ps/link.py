@@ -26,8 +26,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 from .. import engine
 from ..jobenv import JobEnv
-from ..stalls import after_seconds, look_period, report
-from ..registry import StoreConfig
+from ..stalls import POOL_WAIT, PEER_HUNG, after_seconds, look_period, report
+from ..registry import StoreConfig, lookup as lookup_store
 from ..errors import (JobAbortedError, KVStoreError, NodeLostError, SchedulerLostError,  # noqa: F401
                      ServerLostError, WorkerLostError)
 from .transport import (AuthError, Codec, Limits, Packed, configure, message_size_problem,
@@ -199,6 +199,16 @@ def describe_request(ticket: Ticket) -> str:
     return f"{what} sent to {to}" + ("" if seq is None else f" (request {seq})")
 
 
+def what_else(ticket: Ticket, pooled: bool) -> str:
+    """What a request without a reply may be besides a hung peer: on a pooled store, a data
+    request to a server may be held by the pool, for as long as the pool keeps the worker out
+    (a fixed pool smaller than the job: until a lower rank leaves)."""
+    op = (ticket.request or {}).get("op")
+    if pooled and ticket.server is not None and op in (Op.PULL, Op.PUSH, Op.PUSHPULL):
+        return POOL_WAIT
+    return PEER_HUNG
+
+
 def describe_call(op: str, keys) -> str:
     """"a pushpull of keys 0, 1": a call or request and its keys, each once, in order."""
     keys = set(keys)
@@ -260,6 +270,7 @@ class StallWatcher(threading.Thread):
         self.conn = conn
         self.watch = UnansweredRequests(conn.stall_after)
         self.engine = EngineWaits(conn.stall_after)
+        self.pooled = lookup_store(conn.store.type).pooled
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -302,7 +313,8 @@ class StallWatcher(threading.Thread):
             more = len(watch.awaited(tickets)) - 1
             report(f"{who}: {describe_request(ticket)} has had no reply after "
                    f"{now - ticket.since:.0f} s" + (f" ({more} more requests are waiting)."
-                                                    if more else "."))
+                                                    if more else "."),
+                   unless=what_else(ticket, self.pooled))
 
 
 class LinkThread(threading.Thread):

@@ -7,7 +7,8 @@ import threading
 from hypothesis import given, settings, strategies as st
 
 from kvstore_ext.ps.link import (EngineWaits, Ticket, UnansweredRequests, describe_call,
-                                 describe_request, when_answered)
+                                 describe_request, what_else, when_answered)
+from kvstore_ext.stalls import PEER_HUNG, POOL_WAIT
 
 
 def ticket(since, seq=1, op="pushpull", keys=(0,), server=0):
@@ -129,3 +130,15 @@ def test_a_wait_for_the_engine_is_reported_once_past_the_bound_and_said_to_end()
     assert engine.due(later, 310.0)                                    # a new wait
     assert not EngineWaits(0.0).due(wait, 1e9)                         # 0: reports off
     assert describe_call("pushpull", (k for k, _ in wait[2])) == "a pushpull of keys 1, 3"
+
+
+def test_a_pooled_stores_data_request_may_be_held_by_the_pool_and_the_report_says_so():
+    """On ``dist_pool`` a worker outside the pool waits for OK at its pull, for as long as the
+    pool keeps it out (a fixed pool: until a lower rank leaves): its report said only that a
+    peer or the link was hung, which is not true of such a wait."""
+    for op in ("pull", "pushpull", "push"):
+        assert what_else(ticket(0.0, op=op), pooled=True) == POOL_WAIT
+        assert what_else(ticket(0.0, op=op), pooled=False) == PEER_HUNG
+    assert what_else(ticket(0.0, op="stats", keys=()), pooled=True) == PEER_HUNG
+    barrier = Ticket(1, 0.0, None, {"op": "barrier", "seq": 3})
+    assert what_else(barrier, pooled=True) == PEER_HUNG

@@ -35,22 +35,32 @@ def steps(net, trainer, n):
     return net.weight.data().asnumpy()[0].tolist()
 
 
+def model(value):
+    net = gluon.nn.Dense(3, in_units=3)
+    net.initialize(mx.init.Constant(value))
+    return net
+
+
+def second_model_step(net, trainer):
+    """One step of the second model: its weights if it was taken, else the refusal and the
+    weights it kept."""
+    try:
+        steps(net, trainer, 1)
+        report["second_model"] = net.weight.data().asnumpy()[0].tolist()
+    except kvstore_ext.KVStoreError as exc:
+        report["second_model_error"] = str(exc)
+        report["second_model_after"] = net.weight.data().asnumpy()[0].tolist()
+
+
 def two_stores():
-    a = gluon.nn.Dense(3, in_units=3)
-    a.initialize(mx.init.Constant(1.0))
+    a = model(1.0)
     first = gluon.Trainer(a.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=store)
     steps(a, first, 2)
     again = gluon.Trainer(a.collect_params(), "sgd", {"learning_rate": 0.01}, kvstore=store)
     report["same_parameters"] = steps(a, again, 2)
-
-    b = gluon.nn.Dense(3, in_units=3)
-    b.initialize(mx.init.Constant(5.0))
-    other = gluon.Trainer(b.collect_params(), "sgd", {"learning_rate": 0.0}, kvstore=store)
-    try:
-        steps(b, other, 1)
-        report["second_model"] = b.weight.data().asnumpy()[0].tolist()
-    except kvstore_ext.KVStoreError as exc:
-        report["second_model_error"] = str(exc)
+    b = model(5.0)
+    second_model_step(b, gluon.Trainer(b.collect_params(), "sgd", {"learning_rate": 0.0},
+                                       kvstore=store))
     # the first model's Trainer goes on: its servers' optimizer must still be lr 0.01, not 0
     report["first_after"] = steps(a, again, 1)
     report["num_workers"] = again._kvstore.num_workers
@@ -58,20 +68,12 @@ def two_stores():
 
 def one_store():
     kv = mx.kv.create(store)
-    a = gluon.nn.Dense(3, in_units=3)
-    a.initialize(mx.init.Constant(1.0))
+    a = model(1.0)
     first = gluon.Trainer(a.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=kv)
     report["first"] = steps(a, first, 2)
-
-    b = gluon.nn.Dense(3, in_units=3)
-    b.initialize(mx.init.Constant(5.0))
-    second = gluon.Trainer(b.collect_params(), "sgd", {"learning_rate": 0.1}, kvstore=kv)
-    try:
-        steps(b, second, 1)
-        report["second_model"] = b.weight.data().asnumpy()[0].tolist()
-    except kvstore_ext.KVStoreError as exc:
-        report["second_model_error"] = str(exc)
-        report["second_model_after"] = b.weight.data().asnumpy()[0].tolist()
+    b = model(5.0)
+    second_model_step(b, gluon.Trainer(b.collect_params(), "sgd", {"learning_rate": 0.1},
+                                       kvstore=kv))
     report["first_after"] = steps(a, first, 1)
     try:   # the same array again: kept, as a Trainer made anew over the same parameters does
         kv.init(0, first._params[0].data())   # key 0 is the Trainer's first parameter

@@ -3,8 +3,12 @@
 Server side (:class:`PartialPushPolicy`, one per block): the block is at version t.  A
 gradient stamped t' < t (the version it was computed from) is late and dropped; any other is
 summed.  The round closes (the sum of the d gradients goes through the optimizer once, which is the linear scaling
-rule: d·η·mean = η·sum) when c gradients have arrived and τ1 has passed since the c-th, or when
-every live worker has pushed.  With c = n this is exactly a BSP round.
+rule: d·η·mean = η·sum) when the gradients of c workers have arrived ("the first c of n
+workers") and τ1 has passed since the c-th, or when every live worker has pushed (the paper's
+"all workers have responded": a dropped gradient is a response too).  Each round waits for one
+push of each worker, never for one it has already made: a worker's second push in a round is
+summed (if its stamp allows) and answers the next round (see
+:meth:`PartialPushPolicy.on_push`).  With c = n this is exactly a BSP round.
 
 Worker side (:class:`PartialPull`): of the blocks it asked for at version >= t, it goes on once a
 fraction b has arrived and τ2 has passed since then, or when all have; the others keep their
@@ -89,7 +93,8 @@ class PartialPushPolicy:
         self.push_timeout = push_timeout
         self.version = 0
         self.summed = 0                  # d: gradients summed in this round
-        self.pushed: set[int] = set()    # workers that pushed in this round
+        self.summers: set[int] = set()   # the workers they came from (c counts these)
+        self.owed: dict[int, int] = {}   # worker -> its pushes no round has counted yet
         self.deadline: float | None = None
         self.dropped = 0
         self.dropped_by_worker: dict[int, int] = {}
@@ -100,13 +105,29 @@ class PartialPushPolicy:
         return None
 
     def on_push(self, worker: int, stamp: int, now: float) -> PushOutcome:
+        """Sum the gradient (or drop it, if late) and close the round if it is due.
+
+        Every push is one response, late or not; a round counts one per worker, and c counts
+        workers, not gradients.  All three matter when workers go on with part of the blocks
+        (b < 1), and so push some blocks late or twice into one round.  A round of c = n that
+        waited for a worker whose gradient had been dropped, or for one that had pushed twice
+        into it, waited for that worker's next push of the block, which could wait for the
+        other worker's next push of another block: the job hung (4 runs in 16 with a slow
+        server at b = 0.5).  A round whose c gradients came from fewer workers closed without
+        a slow one, and later rounds of the block waited for a push the fast one could not
+        make yet (``tests/unit/test_psp_liveness.py``).  Counted this way, with c = n, round r
+        closes once every live worker has pushed the block r + 1 times (as BSP's rounds do),
+        so the worker that has pushed least is never kept waiting."""
+        self.owed[worker] = self.owed.get(worker, 0) + 1
         if stamp < self.version:
             self.dropped += 1
             self.dropped_by_worker[worker] = self.dropped_by_worker.get(worker, 0) + 1
-            return PushOutcome(dropped=True)
+            outcome = self._close_if_due(now)
+            outcome.dropped = True
+            return outcome
         self.summed += 1
-        self.pushed.add(worker)
-        started_wait = self.summed == self.min_pushes
+        started_wait = worker not in self.summers and len(self.summers) + 1 == self.min_pushes
+        self.summers.add(worker)
         if started_wait:
             self.deadline = now + self.push_timeout
         outcome = self._close_if_due(now)
@@ -121,6 +142,7 @@ class PartialPushPolicy:
     def remove_worker(self, worker: int, now: float) -> PushOutcome:
         """A departed worker no longer counts among those every round may wait for."""
         self.members.discard(worker)
+        self.owed.pop(worker, None)
         return self._close_if_due(now)
 
     def report(self, wall_offset: float = 0.0) -> dict:
@@ -128,13 +150,23 @@ class PartialPushPolicy:
         return {}
 
     def _close_if_due(self, now: float) -> PushOutcome:
-        everyone = self.summed > 0 and self.members <= self.pushed
+        """Close the round if c workers' pushes were summed τ1 ago, or if every live worker has
+        responded and something was summed.  When every response was late, nobody waits for
+        the round (a late push's reply wants a version the block has): it starts again at the
+        same version, and waits for one more push of each worker.  Closing it on the next
+        push instead dropped the other workers' gradients from that version (87% of pushes
+        dropped in place of 50%, a block's replies 1.5 iterations late)."""
+        everyone = all(self.owed.get(w, 0) > 0 for w in self.members)
+        if everyone and self.summed == 0:
+            self.owed = {w: n - 1 for w, n in self.owed.items() if n > 1}
+            return PushOutcome()
         timed_out = self.deadline is not None and now >= self.deadline
         if not (everyone or timed_out):
             return PushOutcome()
         summed = self.summed
         self.version += 1
-        self.summed, self.pushed, self.deadline = 0, set(), None
+        self.summed, self.summers, self.deadline = 0, set(), None
+        self.owed = {w: n - 1 for w, n in self.owed.items() if n > 1}
         return PushOutcome(apply=True, summed=summed)
 
 

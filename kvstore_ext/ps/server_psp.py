@@ -70,12 +70,12 @@ class PartialSyncHandler:
             blocks, stamp = len(group.slots), int(stamps[first])
             group.fresh = False
             outcome = group.policy.on_push(worker, stamp, now)
-            if outcome.dropped:
+            if outcome.dropped:   # late; it may still be the response that closes the round
                 server.metrics.pushes_dropped += blocks
                 self.dropped_by_worker[worker] = self.dropped_by_worker.get(worker, 0) + blocks
-                continue
-            group.gather(buffers if pick is None else pick(buffers))
-            server.metrics.record_staleness(worker, group.version - stamp, blocks)
+            else:
+                group.gather(buffers if pick is None else pick(buffers))
+                server.metrics.record_staleness(worker, group.version - stamp, blocks)
             if outcome.apply:
                 closed.append(group)
             elif outcome.deadline is not None:

@@ -30,9 +30,12 @@ def test_psp_push_timeout_holds_a_round_open_in_virtual_time():
     held = simulate("dist_psp", {"min_pushes": 3, "push_timeout": 2.0}, SPEEDS, horizon=300,
                     seed=1)
     # after the third push each round stays open 2 more units (τ1) for the straggler: a round
-    # of the fast workers takes 1 + 2 units instead of 1
+    # of the fast workers takes 1 + 2 units instead of 1, unless the straggler's push (late,
+    # so dropped, but a response all the same) comes meanwhile and ends the wait: at most one
+    # round shortened per straggler push
     assert quick.iterations[0] == 300
-    assert held.iterations[0] == pytest.approx(300 / 3, abs=1), held
+    assert 300 / 3 <= held.iterations[0] <= 300 / 3 + held.iterations[3], held
+    assert held.iterations[0] < quick.iterations[0] / 2, held
 
 
 def test_psp_parameters_are_checked_as_the_store_checks_them():
@@ -276,10 +279,10 @@ def test_a_shared_host_slows_a_psp_workers_own_exchange_not_the_servers_round():
     from kvstore_ext.devices import DeviceClock
     from kvstore_ext.simulate import SharedHost
 
-    def run(host=None, **costs):
+    def run(host=None, seed=2, **costs):
         clocks = DeviceClock.for_cluster("200ms", ["transient:0.05:3:2"], 8, seed=1)
         return simulate("dist_psp", {"min_pushes": 0.75}, None, 20.0, clocks=clocks,
-                        latency_jitter=0.5, seed=2, shared_host=host, **costs)
+                        latency_jitter=0.5, seed=seed, shared_host=host, **costs)
     slow = SharedHost(0.022, lambda k: 3.0)
     # without a host the round is the delay it always was: latency + n x service + apply
     assert run(latency=0.004, service=0.001, apply_time=0.0005).iterations == \
@@ -290,7 +293,10 @@ def test_a_shared_host_slows_a_psp_workers_own_exchange_not_the_servers_round():
     # the worker's part is slowed: 3x a 20 ms exchange costs iterations
     together = run(slow, latency=0.02, service=0.001).total_iterations
     assert together < 0.95 * run(latency=0.02, service=0.001).total_iterations
-    # and the round beside it is not: as if the host slowed the latency alone
-    assert together > run(slow, latency=0.02 + 8 * 0.001).total_iterations
+    # and the round beside it is not: as if the host slowed the latency alone.  A 1-2% effect
+    # beside the rounds' own jitter (which late pushes answer first): summed over five seeds
+    def total(host, seeds=range(1, 6), **costs):
+        return sum(run(host, seed=s, **costs).total_iterations for s in seeds)
+    assert total(slow, latency=0.02, service=0.001) > total(slow, latency=0.02 + 8 * 0.001)
     with pytest.raises(ValueError, match="service -1"):
         run(service=-1)

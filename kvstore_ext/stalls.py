@@ -39,12 +39,13 @@ def look_period(after_s: float) -> float:
     return min(5.0, max(0.05, after_s / 4))
 
 
-PEER_HUNG = ("Unless a peer it waits for is busy elsewhere (evaluating, saving), a peer or the "
-             "link to it is hung")
+_BUSY_OR_HUNG = ("a peer it waits for is busy elsewhere (evaluating, saving), a peer or the "
+                 "link to it is hung")
+PEER_HUNG = "Unless " + _BUSY_OR_HUNG
 #: what else a wait for a server's reply may be on a store with a worker pool (``dist_pool``)
 POOL_WAIT = ("Unless the worker pool keeps this worker out for now (it waits for OK until the "
-             "pool grows, or a lower rank leaves the job or waits at a barrier) or a peer it "
-             "waits for is busy elsewhere (evaluating, saving), a peer or the link to it is hung")
+             "pool grows, or a lower rank leaves the job or waits at a barrier) or "
+             + _BUSY_OR_HUNG)
 
 
 def report(what: str, out=None, unless: str = PEER_HUNG) -> None:

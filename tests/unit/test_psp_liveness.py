@@ -21,8 +21,8 @@ from kvstore_ext.policies.psp import HeldVersions, PartialPull, PartialPushPolic
 
 
 class Worker:
-    def __init__(self, rank: int, blocks: int):
-        self.rank, self.blocks = rank, blocks
+    def __init__(self, rank: int):
+        self.rank = rank
         self.held = HeldVersions()
         self.step = 0
         self.next_block = 0        # blocks of this step pushed so far
@@ -41,7 +41,7 @@ def _call_done(worker, policies, call, fraction):
 def run(data, n, blocks, fraction, steps, min_pushes):
     """Play one job; return the policies.  Fails if every unfinished worker is stuck."""
     policies = [PartialPushPolicy(range(n), min_pushes) for _ in range(blocks)]
-    workers = [Worker(w, blocks) for w in range(n)]
+    workers = [Worker(w) for w in range(n)]
     late: list = []     # (worker, block, version): a part that comes after its call went on
     for _ in range(steps * n * (blocks + 1) * 3):
         moves = []

@@ -51,8 +51,9 @@ class PartialSyncHandler:
 
     def make_policy(self) -> PartialPushPolicy:
         """The policy of a new group, with c resolved against the job's workers."""
-        return PartialPushPolicy(self.server.members, self.min_pushes,
-                                 self.server.store_params["push_timeout"])
+        params = self.server.store_params
+        return PartialPushPolicy(self.server.members, self.min_pushes, params["push_timeout"],
+                                 late_answers=params["min_pull_fraction"] < 1)
 
     # -- requests ----------------------------------------------------------------------------
     def op_push(self, ident, header, buffers) -> None:

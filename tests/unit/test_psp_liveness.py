@@ -38,9 +38,10 @@ def _call_done(worker, policies, call, fraction):
     return PartialPull(len(call), fraction).done(len(_ready(worker, policies, call)), 0.0)
 
 
-def run(data, n, blocks, fraction, steps, min_pushes):
+def run(data, n, blocks, fraction, steps, min_pushes, late_answers=True):
     """Play one job; return the policies.  Fails if every unfinished worker is stuck."""
-    policies = [PartialPushPolicy(range(n), min_pushes) for _ in range(blocks)]
+    policies = [PartialPushPolicy(range(n), min_pushes, late_answers=late_answers)
+                for _ in range(blocks)]
     workers = [Worker(w) for w in range(n)]
     late: list = []     # (worker, block, version): a part that comes after its call went on
     for _ in range(steps * n * (blocks + 1) * 3):
@@ -112,6 +113,16 @@ def test_some_worker_can_always_go_on_when_most_blocks_may_come_late(
     run(data, n, blocks, fraction, steps, min_pushes=data.draw(st.integers(1, n)))
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), n=st.integers(2, 4), blocks=st.integers(1, 4), steps=st.integers(4, 8))
+def test_with_b_one_late_gradients_answer_nothing_and_some_worker_can_always_go_on(
+        data, n, blocks, steps):
+    """b = 1, as the servers run it (``late_answers`` off): a late gradient's worker missed its
+    round and has this version from the drop's reply, so rounds wait for fresh gradients."""
+    run(data, n, blocks, 1.0, steps, min_pushes=data.draw(st.integers(1, n)),
+        late_answers=False)
+
+
 @settings(max_examples=100, deadline=None)
 @given(data=st.data(), n=st.integers(2, 3), blocks=st.integers(1, 3))
 def test_with_c_equal_n_and_b_one_every_push_is_summed_once_per_round(data, n, blocks):
@@ -129,6 +140,19 @@ def test_a_late_push_answers_the_round():
     assert not p.on_push(0, 3, 0.0).apply
     out = p.on_push(1, 2, 0.0)
     assert out.dropped and out.apply and out.summed == 1 and p.version == 4
+
+
+def test_with_b_one_a_late_push_does_not_close_a_round_before_c_fresh_ones():
+    """c = 2 of 3 at b = 1: workers 1 and 2 missed the last round.  Counting their late
+    gradients as answers closed this one on worker 0's gradient alone, and then their fresh
+    ones were late in turn (4.8 drops a round in place of 1 at 8 workers)."""
+    for late_answers, closes in ((True, True), (False, False)):
+        p = PartialPushPolicy(range(3), min_pushes=2, late_answers=late_answers)
+        p.version = 1
+        assert p.on_push(2, 0, 0.0).dropped and p.on_push(1, 0, 0.0).dropped
+        assert p.on_push(0, 1, 0.0).apply is closes
+    assert p.on_push(2, 1, 0.0).apply and p.version == 2 and p.owed == {}
+    assert p.on_push(1, 1, 0.0).dropped and p.owed == {}
 
 
 def test_a_round_whose_every_push_was_late_waits_for_one_more_push_of_each_worker():

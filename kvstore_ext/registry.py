@@ -72,7 +72,9 @@ class StoreType:
     servers decide otherwise (``server_handler``) or that have no servers.  A store whose
     rounds are versions of a block (``dist_psp``) gives ``block_policy(workers, params)``
     instead, which the simulator runs.  ``pooled``: its servers keep workers outside a
-    pool waiting (a worker tells them when it waits at a barrier).  ``store_class``
+    pool waiting.  ``told_of_barriers``: its servers may hold a worker until another
+    pushes, so a worker tells them when it waits at a barrier (where it pushes nothing) and
+    when it is through.  ``store_class``
     and ``server_handler`` are ``"module:attribute"`` strings, imported on first use, so that
     reading the table needs neither mxnet nor horovod.  ``examples`` are the labelled
     parameter settings the simulator compares by default.
@@ -87,6 +89,7 @@ class StoreType:
     block_policy: Callable[..., object] | None = None
     asynchronous: bool = False
     pooled: bool = False
+    told_of_barriers: bool = False
     store_class: str | None = None
     server_handler: str | None = None
     examples: tuple[tuple[str, dict], ...] = ()
@@ -275,14 +278,14 @@ register(StoreType(
     policy=lambda workers, params, record: ASPPolicy(workers), examples=(("ASP", {}),)))
 register(StoreType(
     "dist_ssp", "Stale synchronous parallel with staleness bound s.", params=("staleness",),
-    check=_ssp_params, asynchronous=True,
+    check=_ssp_params, asynchronous=True, told_of_barriers=True,
     policy=lambda workers, params, record: SSPPolicy(workers, params["staleness"]),
     examples=(("SSP s=3", {"staleness": 3}), ("SSP s=15", {"staleness": 15}))))
 register(StoreType(
     "dist_dssp", "Dynamic stale synchronous parallel: a per-worker bound in "
     "[staleness_lower, staleness_upper]; rule='published' runs the paper's Algorithm 1 as "
     "written.", params=("staleness_lower", "staleness_upper", "rule"),
-    check=_dssp_params, asynchronous=True,
+    check=_dssp_params, asynchronous=True, told_of_barriers=True,
     policy=lambda workers, params, record: DSSPPolicy(
         workers, params["staleness_lower"], params["staleness_upper"], record=record,
         rule=params.get("rule", "bounded")),
@@ -294,7 +297,7 @@ register(StoreType(
     "follows a schedule (progressive, dynamic, scripted), with the learning rate, batch size or "
     "momentum tuned to it.", params=PoolConfig.PARAMS,
     check=lambda params: PoolConfig.from_params(params).to_params(), asynchronous=True,
-    pooled=True,
+    pooled=True, told_of_barriers=True,
     policy=lambda workers, params, record: PoolPolicy(workers, PoolConfig.from_params(params)),
     examples=(("pool progressive", {"pool": "progressive"}),)))
 register(StoreType(

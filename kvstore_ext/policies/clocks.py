@@ -1,7 +1,7 @@
 """Per-worker push clocks with O(1) amortised min, max, slowest and fastest.
 
-Clocks only ever grow by one, and a worker can only leave, so the minimum only
-moves up and the maximum only moves down on removal: both are maintained by
+Clocks only ever grow by one, and a worker can only leave (or join at a given clock), so
+the minimum only moves up and the maximum only moves down on removal: both are maintained by
 walking a step at a time instead of scanning all workers.
 """
 from __future__ import annotations
@@ -37,16 +37,18 @@ class ClockTable:
         self._raise_min()
         return new
 
-    def add(self, worker: int) -> int:
+    def add(self, worker: int, at: int | None = None) -> int:
         """A worker joins the running job at the minimum clock (it holds nobody back and is
-        not ahead of anyone); returns that clock."""
+        not ahead of anyone), or at clock ``at``; returns the clock it starts at."""
         if worker in self.clock:
             raise ValueError(f"worker {worker} is already a member")
-        start = self.min if self.clock else 0
+        start = at if at is not None else self.min if self.clock else 0
         self.clock[worker] = start
         self._at.setdefault(start, set()).add(worker)
-        if not len(self.clock) > 1:
+        if len(self.clock) == 1:
             self.min = self.max = start
+        else:
+            self.min, self.max = min(self.min, start), max(self.max, start)
         return start
 
     def remove(self, worker: int) -> None:

@@ -183,6 +183,11 @@ class DSSPPolicy(BoundedLeadPolicy):
         self.push_times[worker] = (None, None)
         return decision
 
+    def _park(self, worker: int) -> None:
+        """At a barrier: it comes back with no lead, so no extension either."""
+        self.extension.pop(worker, None)
+        self.extra_oks.pop(worker, None)
+
     def _forget(self, worker: int) -> None:
         self.extension.pop(worker, None)
         self.extra_oks.pop(worker, None)

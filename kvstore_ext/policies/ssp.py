@@ -30,25 +30,63 @@ class BoundedLeadPolicy(SyncPolicy):
     def __init__(self, workers):
         super().__init__(workers)
         self.room = WaitingRoom()
+        self.parked: dict[int, int] = {}   # worker at a barrier -> its clock
+        self.through_at: int | None = None  # the clock workers come back at from a barrier
 
     def accepts_now(self, worker: int) -> bool:
         """A worker still waiting for OK is pushing ahead of its OK: hold that push back."""
         return worker not in self.room
 
+    def check_push(self, worker: int) -> str | None:
+        if worker in self.parked:
+            return f"worker {worker} pushed while it waits at a barrier"
+        return super().check_push(worker)
+
+    def set_away(self, worker: int, away: bool, now: float) -> Decision:
+        """A worker at a barrier pushes nothing until every worker is there, so a bound on
+        the others' lead over it would hold a faster one for a push that cannot come (with
+        uneven iteration counts, the job hung): its clock leaves the minimum meanwhile.
+        Through the barrier, every worker has pushed all it will before it, so each comes
+        back at the highest clock any had at the barrier, behind nobody; a worker back
+        sooner and pushing on meanwhile is bounded again from that clock."""
+        decision = Decision()
+        if away:
+            if worker in self.clocks and worker not in self.room:
+                self.parked[worker] = self.clocks.clock[worker]
+                self._park(worker)
+                self._leave_minimum(worker, now, decision)
+        elif worker in self.parked:
+            clock = self.parked.pop(worker)
+            if self.through_at is None:   # the first back: every worker was at the barrier
+                self.through_at = max(clock, *self.parked.values(),
+                                      *([self.clocks.max] if len(self.clocks) else []))
+            self.clocks.add(worker, at=max(clock, self.through_at))
+            if not self.parked:
+                self.through_at = None
+        return decision
+
     def remove_worker(self, worker: int, now: float) -> Decision:
         decision = Decision()
-        if worker not in self.clocks:
-            return decision
+        if self.parked.pop(worker, None) is not None:
+            self._forget(worker)
+        elif worker in self.clocks:
+            self._forget(worker)
+            self._leave_minimum(worker, now, decision)
+        return decision
+
+    def _leave_minimum(self, worker: int, now: float, decision: Decision) -> None:
+        """Take ``worker``'s clock out of the table and let go whoever that lets go."""
         self.clocks.remove(worker)
         self.room.discard(worker)
-        self._forget(worker)
         if len(self.clocks):
             self._on_min_raised(now)
             self._release_ready(decision)
-        return decision
 
     def _forget(self, worker: int) -> None:
         """Drop a departed worker's own state (none here)."""
+
+    def _park(self, worker: int) -> None:
+        """Drop what a worker at a barrier will not need when it comes back (nothing here)."""
 
     def _on_min_raised(self, now: float) -> None:
         """The minimum clock may have moved up (nothing to do here)."""

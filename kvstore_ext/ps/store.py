@@ -748,21 +748,24 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         self._updater.states = states
 
     # -- job ----------------------------------------------------------------------------------
-    #: the servers keep workers outside a pool waiting (``dist_pool``): see :meth:`barrier`
+    #: the servers keep workers outside a pool waiting (``dist_pool``)
     pooled = False
+    #: the servers may hold a worker until another pushes (``dist_pool``, ``dist_ssp``,
+    #: ``dist_dssp``): see :meth:`barrier`
+    told_of_barriers = False
 
     def barrier(self):
         """Wait until every live worker of the job reaches this point.
 
-        On a pooled store the servers are told first that this worker waits here, so that a
-        worker kept outside the pool is let go and can reach the barrier too (it waited for
-        the pool's workers to push, and they waited here for it), and then that it is
-        through."""
+        Where the servers may hold a worker until another pushes, they are told first that
+        this worker waits here, and then that it is through: otherwise a worker kept outside
+        a pool, or one a bound on its lead holds for this one's next push, waited for a push
+        that cannot come, and this one waited here for it."""
         self._settle()
-        if self.pooled:
+        if self.told_of_barriers:
             self._tell_servers_away(True)
         self._conn.scheduler_call({"op": Op.BARRIER})
-        if self.pooled:
+        if self.told_of_barriers:
             self._tell_servers_away(False)
 
     def _tell_servers_away(self, away: bool) -> None:
@@ -859,7 +862,8 @@ def store_class(row) -> type:
     if cls is None:
         cls = type(f"Store_{row.name}", (ParameterServerStore,),
                    {"store_type": row.name, "__doc__": row.summary, "__module__": __name__,
-                    "asynchronous": row.asynchronous, "pooled": row.pooled})
+                    "asynchronous": row.asynchronous, "pooled": row.pooled,
+                    "told_of_barriers": row.told_of_barriers})
         _classes[row.name] = cls
     return cls
 

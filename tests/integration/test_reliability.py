@@ -234,3 +234,27 @@ def test_a_bad_stall_bound_stops_the_worker_with_an_error_naming_it(run_job):
                         env={"KVX_STALL_REPORT_S": "soon"}, timeout=120)
     assert code != 0
     assert "KVX_STALL_REPORT_S='soon': expected seconds" in log, log[-3000:]
+
+
+@pytest.mark.parametrize("kvstore,params", [
+    ("dist_async", []),
+    ("dist_ssp", ["--kv-param", "staleness=1"]),
+    ("dist_dssp", ["--kv-param", "staleness_lower=1", "--kv-param", "staleness_upper=3"]),
+])
+def test_uneven_iterations_between_barriers_finish_under_a_bound_as_under_dist_async(
+        run_job, kvstore, params):
+    """3 workers run 2, 8 and 14 pushpulls, meet at ``kv._barrier()``, run 3 more each and
+    meet again (``tests/jobs/uneven_barrier.py``), as MXNet's ``dist_async`` runs them.  Under
+    SSP s = 1 and DSSP 1..3 the faster workers waited for OK on the next push of worker 0,
+    which waited at the barrier for them: the job hung.  A worker at a barrier now tells the
+    servers so, its clock leaves the bound's minimum meanwhile, and every push is applied."""
+    backend = ["--backend", "mxnet"] if kvstore == "dist_async" else []
+    code, log = run_job(3, 1, [os.path.join(JOBS, "uneven_barrier.py"), kvstore], *backend,
+                        *params, env={"KVX_STALL_REPORT_S": "20"}, timeout=120)
+    assert code == 0, log[-3000:]
+    reports = tagged(log, "UNEVEN_BARRIER")
+    assert sorted(r["rank"] for r in reports) == [0, 1, 2], log[-3000:]
+    for r in reports:
+        assert r["after_first"] == r["expected_first"] == -24.0, r
+        assert r["after_second"] == r["expected_second"] == -33.0, r
+    assert "has had no reply" not in log, log[-3000:]

@@ -26,6 +26,7 @@ def calibration(tmp_path_factory):
     return path
 
 
+@pytest.mark.long   # the quick calibration they share takes about 50 s; CI runs them
 def test_calibration_measures_every_coefficient(calibration):
     data = json.loads(calibration.read_text())
     c = data["coefficients"]
@@ -154,6 +155,7 @@ def test_predictions_match_two_real_jobs(calibration, tmp_path):
     assert (tmp_path / "validate.csv").exists()
 
 
+@pytest.mark.long   # the quick calibration they share takes about 50 s; CI runs them
 def test_predict_and_search_read_the_calibration(calibration, tmp_path):
     out = json.loads(plan("predict", "--calibration", str(calibration), "--model", "lenet",
                           "-n", "4", "-s", "2", "--store", "dist_asp", "--device", "150ms",
@@ -174,6 +176,7 @@ def test_predict_and_search_read_the_calibration(calibration, tmp_path):
         assert (tmp_path / png).stat().st_size > 5000
 
 
+@pytest.mark.long   # the quick calibration they share takes about 50 s; CI runs them
 def test_a_missing_calibration_or_model_is_named(calibration, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "kvstore_ext.plan", "predict", "--calibration",
                            str(tmp_path / "none.json")], cwd=ROOT, capture_output=True, text=True)
@@ -184,6 +187,7 @@ def test_a_missing_calibration_or_model_is_named(calibration, tmp_path):
     assert proc.returncode != 0 and "vgg99" in proc.stderr
 
 
+@pytest.mark.long   # the quick calibration they share takes about 50 s; CI runs them
 def test_refit_gives_back_the_calibrations_coefficients(calibration):
     """``compare --refit`` fits the stored points again: on a calibration of this version it
     must land on the very coefficients calibrate wrote (same points, same fitting)."""
@@ -197,6 +201,7 @@ def test_refit_gives_back_the_calibrations_coefficients(calibration):
     assert "largest difference 0.0%" in out
 
 
+@pytest.mark.long   # the quick calibration they share takes about 50 s; CI runs them
 def test_validate_dcs3gd_scores_a_bench_result(calibration, tmp_path):
     bench = {"args": {"batch_size": 16, "device_s": 0.1}, "injected_comm_s": 0.11,
              "negligible_comm": {"dist_ssgd": {"step_time_s": 0.11, "overlap": 0.0},

@@ -26,5 +26,5 @@ class LeadOnePolicy(BoundedLeadPolicy):
 
 
 register(StoreType("dist_lead1", "Toy: at most one iteration ahead of the slowest worker.",
-                   asynchronous=True,
+                   asynchronous=True, told_of_barriers=True,
                    policy=lambda workers, params, record: LeadOnePolicy(workers)))

@@ -1,8 +1,8 @@
 """Per-worker push clocks with O(1) amortised min, max, slowest and fastest.
 
-Clocks only ever grow by one, and a worker can only leave (or join at a given clock), so
-the minimum only moves up and the maximum only moves down on removal: both are maintained by
-walking a step at a time instead of scanning all workers.
+Clocks only ever grow by one, and a worker can leave or join: the minimum moves up on a
+tick or a removal (down only when a worker joins below it), the maximum down only on a
+removal, so both are maintained by walking a step at a time instead of scanning all workers.
 """
 from __future__ import annotations
 

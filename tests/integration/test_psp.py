@@ -299,6 +299,7 @@ def rate(result):
     return result["steps"] / result["wall_time_s"]
 
 
+@pytest.mark.long   # waits on purpose (about 20 s); CI runs it
 def test_a_ten_times_slower_worker_no_longer_holds_the_others_back(run_job, tmp_path):
     """c = n - 1: the fast workers keep their pace; the slow one's late pushes are dropped.
 

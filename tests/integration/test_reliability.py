@@ -27,6 +27,7 @@ def test_heavy_async_load_finishes_with_defaults_and_bounded_memory(run_job):
     assert len(peaks) == 6 and max(peaks) < 1024, peaks
 
 
+@pytest.mark.long   # waits on purpose (about 20 s); CI runs it
 def test_worker_holding_the_gil_for_15_s_is_not_declared_dead(run_job):
     code, log = run_job(2, 1, [os.path.join(JOBS, "load.py"), "--rounds", "40", "--shape",
                                "100,100", "--hold-gil", "15"], "--heartbeat-timeout", "5",

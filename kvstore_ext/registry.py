@@ -305,9 +305,8 @@ register(StoreType(
     params=("min_pushes", "min_pull_fraction", "push_timeout", "pull_timeout"),
     check=check_psp_params, store_class="kvstore_ext.ps.store:DistPSP",
     server_handler="kvstore_ext.ps.server_psp:PartialSyncHandler",
-    block_policy=lambda workers, params: PartialPushPolicy(
-        workers, resolve_min_pushes(params["min_pushes"], len(workers)), params["push_timeout"],
-        late_answers=params["min_pull_fraction"] < 1),
+    block_policy=lambda workers, params: PartialPushPolicy.for_job(
+        workers, resolve_min_pushes(params["min_pushes"], len(workers)), params),
     examples=(("PSP c=n", {}), ("PSP c=0.75n", {"min_pushes": 0.75}))))
 register(StoreType(
     "dist_dcs3gd", "DC-S3GD: non-blocking allreduce of weight updates with delay compensation.",

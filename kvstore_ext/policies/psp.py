@@ -104,6 +104,13 @@ class PartialPushPolicy:
         self.dropped = 0
         self.dropped_by_worker: dict[int, int] = {}
 
+    @classmethod
+    def for_job(cls, workers: Iterable[int], min_pushes: int, params: dict) -> "PartialPushPolicy":
+        """One block's policy for a job's checked parameters (:func:`check_psp_params`), c
+        already resolved: what the servers and the simulator both build."""
+        return cls(workers, min_pushes, params["push_timeout"],
+                   late_answers=params["min_pull_fraction"] < 1)
+
     def check_push(self, worker: int) -> str | None:
         if worker not in self.members:
             return f"worker {worker} is not a live member of this job (members: {sorted(self.members)})"

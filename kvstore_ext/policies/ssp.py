@@ -58,8 +58,8 @@ class BoundedLeadPolicy(SyncPolicy):
         elif worker in self.parked:
             clock = self.parked.pop(worker)
             if self.through_at is None:   # the first back: every worker was at the barrier
-                self.through_at = max(clock, *self.parked.values(),
-                                      *([self.clocks.max] if len(self.clocks) else []))
+                self.through_at = max(clock, self.clocks.max if len(self.clocks) else clock,
+                                      *self.parked.values())
             self.clocks.add(worker, at=max(clock, self.through_at))
             if not self.parked:
                 self.through_at = None

@@ -51,9 +51,8 @@ class PartialSyncHandler:
 
     def make_policy(self) -> PartialPushPolicy:
         """The policy of a new group, with c resolved against the job's workers."""
-        params = self.server.store_params
-        return PartialPushPolicy(self.server.members, self.min_pushes, params["push_timeout"],
-                                 late_answers=params["min_pull_fraction"] < 1)
+        return PartialPushPolicy.for_job(self.server.members, self.min_pushes,
+                                         self.server.store_params)
 
     # -- requests ----------------------------------------------------------------------------
     def op_push(self, ident, header, buffers) -> None:

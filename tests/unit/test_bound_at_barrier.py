@@ -80,24 +80,26 @@ def test_a_worker_that_dies_at_a_barrier_is_forgotten():
 
 def test_dssp_lets_the_held_worker_go_and_drops_the_parked_workers_extension():
     policy = DSSPPolicy([0, 1], 1, 4)
-    # worker 0 leads until the controller extends its bound
-    t = 0.0
-    for _ in range(3):
+    policy.on_push(1, 0.0)
+    policy.on_push(0, 0.0)
+    policy.on_push(1, 10.0)
+    t = 10.0
+    for _ in range(4):   # worker 0 pushes every 0.1 s, worker 1 every 10 s: 0's bound grows
         t += 0.1
-        policy.on_push(0, t)
-    policy.on_push(1, t + 1.0)
-    policy.on_push(1, t + 2.0)
-    while released(policy.on_push(0, t)) == [0]:
-        t += 0.1
-    assert 0 in policy.room
+        assert released(policy.on_push(0, t)) == [0]
     extended = dict(policy.extension)
-    assert released(policy.set_away(1, True, t)) == [0]
-    policy.set_away(0, True, t + 0.1)
-    assert 0 not in policy.extension or extended.get(0) is None
-    policy.set_away(1, False, t + 0.2)
-    policy.set_away(0, False, t + 0.2)
+    assert extended == {0: 4} and policy.clocks.lead(0) == 3
+    policy.set_away(0, True, t)
+    assert 0 not in policy.extension or extended.get(0) is None   # it comes back with no lead
+    policy.set_away(1, True, t)
+    policy.set_away(1, False, t + 0.1)
+    policy.set_away(0, False, t + 0.1)
     assert policy.clocks.lead(0) == policy.clocks.lead(1) == 0
     assert policy.extension == {}
+    while released(policy.on_push(0, t)) == [0]:    # worker 0 runs ahead until it is held
+        t += 0.1
+    assert 0 in policy.room
+    assert released(policy.set_away(1, True, t)) == [0]
 
 
 def test_a_worker_back_first_and_pushing_on_is_bounded_from_the_barriers_clock():

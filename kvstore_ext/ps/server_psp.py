@@ -65,7 +65,7 @@ class PartialSyncHandler:
             worker, items, buffers, stamps if stamps.count(stamps[0]) < len(stamps) else None)
         now = time.monotonic()
         server.metrics.pushes_received += len(route.slots)
-        closed = []
+        outcomes = []
         for group, pick, first in parts:
             blocks, stamp = len(group.slots), int(stamps[first])
             group.fresh = False
@@ -76,10 +76,8 @@ class PartialSyncHandler:
             else:
                 group.gather(buffers if pick is None else pick(buffers))
                 server.metrics.record_staleness(worker, group.version - stamp, blocks)
-            if outcome.apply:
-                closed.append(group)
-            elif outcome.deadline is not None:
-                server.at(outcome.deadline, self.on_timer)
+            outcomes.append((group, outcome))
+        closed = self._closed(outcomes)
         # a pushpull waits as a pull; a plain push for the round it went into to close (at
         # once if it was dropped), so that the worker's next push of the block belongs to the
         # next round, as under BSP (see policies.psp.HeldVersions.pushed)
@@ -98,17 +96,25 @@ class PartialSyncHandler:
     # -- rounds ------------------------------------------------------------------------------
     def on_timer(self) -> None:
         now = time.monotonic()
-        self._apply([g for g in self.server.groups if g.policy.on_timer(now).apply])
+        self._apply(self._closed((g, g.policy.on_timer(now)) for g in self.server.groups))
 
     def remove_worker(self, rank: int) -> None:
         now = time.monotonic()
         self.waiting = [p for p in self.waiting if p.worker != rank]
-        closed = []
         for group in self.server.groups:
             group.fresh = False
-            if group.policy.remove_worker(rank, now).apply:
+        self._apply(self._closed((g, g.policy.remove_worker(rank, now))
+                                 for g in self.server.groups))
+
+    def _closed(self, outcomes) -> list:
+        """The groups whose rounds closed; a timer for each round that now has a deadline."""
+        closed = []
+        for group, outcome in outcomes:
+            if outcome.apply:
                 closed.append(group)
-        self._apply(closed)
+            elif outcome.deadline is not None:
+                self.server.at(outcome.deadline, self.on_timer)
+        return closed
 
     def _apply(self, closed) -> None:
         """One optimizer call for the closed rounds, then every pull they complete."""

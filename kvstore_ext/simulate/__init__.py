@@ -402,6 +402,8 @@ def simulate_blocks(row, params: dict, speeds, horizon: float, base_time: float 
             outcome = policies[payload].on_timer(now)
             if trainer is not None and outcome.apply:
                 trainer.apply(payload)
+            if outcome.deadline is not None:
+                schedule(outcome.deadline, "timer", payload)
         elif kind == "push":
             worker = payload
             iterations[worker] += 1

@@ -329,6 +329,28 @@ def test_a_ten_times_slower_worker_no_longer_holds_the_others_back(run_job, tmp_
     assert min(rate(r) for r in results[:2]) >= 0.7 * alone, (alone, results)
 
 
+def test_with_b_below_one_c_below_n_drops_only_the_left_out_workers_gradients(run_job, tmp_path):
+    """4 workers x 2 servers, c = 3, b = 0.9, 50 ms emulated devices, 60 steps: each round of
+    each block closes at the third gradient, so the fourth is late, one in four (480 of
+    the 1,920 block pushes).  A late gradient answers the next round (b < 1 needs that to stay
+    live), and the same worker's fresh gradient answers it again; counted twice, rounds
+    closed before the fresh gradients came, which were late in turn: 912-1,264 dropped in
+    three runs of the code before, where the grace for fresh gradients gives 480."""
+    metrics = tmp_path / "metrics"
+    out = str(tmp_path / "r-{rank}.json")
+    code, log = run_job(4, 2, [TRAIN, "--kvstore", "dist_psp", "--epochs", "100", "--max-steps",
+                               "60", "--batch-size", "32", "--out", out],
+                        "--kv-param", "min_pushes=3", "--kv-param", "min_pull_fraction=0.9",
+                        "--device", "50ms", "--metrics-dir", str(metrics))
+    assert code == 0, log[-3000:]
+    assert [read_json(out.replace("{rank}", str(r)))["steps"] for r in range(4)] == [60] * 4
+    servers = [read_json(str(metrics / f"server-{s}.json")) for s in range(2)]
+    received = sum(s["pushes_received"] for s in servers)
+    dropped = sum(s["pushes_dropped"] for s in servers)
+    assert received == 60 * 4 * 8, received          # LeNet's 8 arrays, one block each
+    assert dropped <= 1.2 * received / 4, (dropped, received)
+
+
 def test_a_slow_server_stalls_b_one(run_job, tmp_path):
     """Server 1 answers pulls 1.5 s late. LeNet's 8 arrays sit 4 and 4 on the two servers:
     b = 1 waits for every reply (b = 0.5 going on without them is the next test)."""

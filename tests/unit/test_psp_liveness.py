@@ -13,11 +13,16 @@ in calls that group the blocks as the store's batches do; a call is done once a 
 its blocks has reached the version it wants; the worker takes some of the blocks that have,
 the others come later (or never).  Whatever the order, some worker can always go on.
 """
+import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvstore_ext.policies.psp import HeldVersions, PartialPull, PartialPushPolicy
+
+#: examples per search; a deeper search: KVX_PSP_SEARCH_EXAMPLES=20000 (about 25 minutes each)
+SEARCH_EXAMPLES = int(os.environ.get("KVX_PSP_SEARCH_EXAMPLES", "300"))
 
 
 class Worker:
@@ -95,7 +100,8 @@ def run(data, n, blocks, fraction, steps, min_pushes, late_answers=True):
     return policies
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=SEARCH_EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), n=st.integers(2, 3), blocks=st.integers(1, 4),
        fraction=st.sampled_from([0.25, 0.5, 0.75]))
 def test_some_worker_can_always_go_on_when_calls_go_on_with_part_of_their_blocks(
@@ -103,7 +109,8 @@ def test_some_worker_can_always_go_on_when_calls_go_on_with_part_of_their_blocks
     run(data, n, blocks, fraction, steps=6, min_pushes=n)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=SEARCH_EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), n=st.integers(2, 3), blocks=st.integers(3, 6),
        fraction=st.sampled_from([0.2, 0.25, 0.34]), steps=st.integers(6, 12))
 def test_some_worker_can_always_go_on_when_most_blocks_may_come_late(
@@ -116,7 +123,8 @@ def test_some_worker_can_always_go_on_when_most_blocks_may_come_late(
     run(data, n, blocks, fraction, steps, min_pushes=data.draw(st.integers(1, n)))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=SEARCH_EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), n=st.integers(2, 4), blocks=st.integers(1, 4), steps=st.integers(4, 8))
 def test_with_b_one_late_gradients_answer_nothing_and_some_worker_can_always_go_on(
         data, n, blocks, steps):

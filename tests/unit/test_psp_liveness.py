@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from kvstore_ext.policies.psp import HeldVersions, PartialPull, PartialPushPolicy
 
-#: examples per search; a deeper search: KVX_PSP_SEARCH_EXAMPLES=20000 (about 25 minutes each)
+#: examples per search; a deeper one: KVX_PSP_SEARCH_EXAMPLES=20000 pytest --timeout 0 ... (up to
+#: 25 minutes a test, past the suite's 600 s timeout, which would stop it mid-example)
 SEARCH_EXAMPLES = int(os.environ.get("KVX_PSP_SEARCH_EXAMPLES", "300"))
 
 

@@ -6,8 +6,8 @@ summed.  The round closes (the sum of the d gradients goes through the optimizer
 rule: d·η·mean = η·sum) when the gradients of c workers have arrived ("the first c of n
 workers") and τ1 has passed since the c-th, or when every live worker has pushed (the paper's
 "all workers have responded": when workers go on with part of the blocks, b < 1, a dropped
-gradient is a response too; if fewer than c of the responses were fresh, the round first waits
-as long again as it has lasted for fresh ones).  Each round waits for one
+gradient is a response too; if fewer than c of the responses were fresh (fewer than the live
+workers, for c = n), the round first waits as long again as it has lasted for fresh ones).  Each round waits for one
 push of each worker, never for one it has already made: a worker's second push in a round is
 summed (if its stamp allows) and answers the next round (see
 :meth:`PartialPushPolicy.on_push`).  With c = n this is exactly a BSP round.
@@ -73,7 +73,7 @@ class PushOutcome:
     ``dropped``: the stamp was older than the block's version; nothing summed.
     ``apply``: the round is over: apply the sum of ``summed`` gradients now (the version has moved on).
     ``deadline``: the round closes then at the latest: τ1 after the c-th push, or the grace for
-    fresh gradients of a round answered in part late (b < 1, c < n; :meth:`PartialPushPolicy.on_push`).
+    fresh gradients of a round answered in part late (b < 1; :meth:`PartialPushPolicy.on_push`).
     """
 
     dropped: bool = False

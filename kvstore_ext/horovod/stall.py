@@ -11,7 +11,10 @@ the last one watched has ended, from a daemon thread that looks every few second
 one engine probe per look, nothing on the training path but remembering the newest.  When
 the one watched has run ``after_s`` seconds, it prints, once, which one it is and every
 thread's stack (:mod:`faulthandler`), and lets the job go on: a peer that is only slow
-(evaluating, saving a checkpoint) will catch up.
+(evaluating, saving a checkpoint) will catch up.  With a :class:`~.progress.ProgressBoard`
+(the job's rendezvous server), each look also puts this worker's progress there, and while
+the watched allreduce runs long it reads the others': the report, and the error of a
+collective that failed (:meth:`StallReporter.waiting_for`), name the workers it waits for.
 """
 from __future__ import annotations
 
@@ -35,8 +38,16 @@ class StallReporter:
     where reports go (stderr).  ``clock`` is for tests of the logic, which call
     :meth:`look` themselves."""
 
-    def __init__(self, after_s: float, describe, watch, out=None, clock=time.monotonic):
+    def __init__(self, after_s: float, describe, watch, out=None, clock=time.monotonic,
+                 board=None):
         self.after_s = float(after_s)
+        self.board = board       # a ProgressBoard, or None
+        period = look_period(self.after_s) if self.after_s > 0 else 0.0
+        #: the watched allreduce's age from which the others' progress is read, look by look
+        self.read_after = period
+        #: a peer whose heartbeat has not moved for this long is "not heard from": a live
+        #: one moves it at each of its looks, and is read at each look here
+        self.silent_after = 2 * period
         self.describe = describe
         self.watch = watch
         self.out = out
@@ -83,9 +94,31 @@ class StallReporter:
         self.reports += 1
         # the probe waits for whatever wrote the array before it was pushed: the allreduce
         # watched, or one of the key's next ones if the store had moved on by then
+        peers = self.waiting_for(watched.step)
         report(f"kvstore_ext {self.describe()}: an allreduce of key {watched.key!r} (step "
-               f"{watched.step} or later) has not ended after {ran:.0f} s.", self.out)
+               f"{watched.step} or later) has not ended after {ran:.0f} s."
+               + (f" {peers}" if peers else ""), self.out)
         return True
+
+    def beat(self) -> None:
+        """Put this worker's newest step on the board (a heartbeat); while the watched
+        allreduce has run ``read_after`` seconds or more, read the others' too."""
+        board = self.board
+        if board is None:
+            return
+        newest, watched = self._newest, self._watched
+        board.publish(-1 if newest is None else newest.step)
+        if watched is None:
+            board.settle()
+        elif self.clock() - watched.since >= self.read_after:
+            board.observe(self.clock())
+
+    def waiting_for(self, step: int) -> str:
+        """The board's sentence on the workers this one waits for at ``step`` (empty
+        without a board, or before any read)."""
+        if self.board is None:
+            return ""
+        return self.board.describe(step, self.clock(), self.silent_after)
 
     def start(self) -> "StallReporter":
         if self.after_s > 0 and self._thread is None:
@@ -96,7 +129,9 @@ class StallReporter:
 
     def _run(self) -> None:
         period = look_period(self.after_s)
+        self.beat()          # heard from at once: a worker that hangs early is known
         while not self._stop.wait(period):
+            self.beat()
             self.look()
 
     def stop(self) -> None:

@@ -41,6 +41,7 @@ from ..keys import refuse_second_array, refuse_sparse
 from ..metrics import WorkerMetrics, write_json
 from .overlap import OverlapMeter
 from ..stalls import after_seconds
+from .progress import ProgressBoard
 from .stall import StallReporter
 
 #: seconds of simulated communication per step (spread over the keys by size); tests, benches
@@ -177,9 +178,11 @@ class HorovodStore(MXNetCalls, KVStoreBase):
             # the link's thread must get the GIL back soon after each transfer's time is up
             sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
         self._check_agreement()
-        # an allreduce that does not end is reported, with every thread's stack (.stall)
+        # an allreduce that does not end is reported, with every thread's stack (.stall), and
+        # the workers it waits for, from their progress on the rendezvous server (.progress)
         self._stall = StallReporter(stall_after, lambda: f"{self._type} worker {self.rank}",
-                                    probe)
+                                    probe, board=ProgressBoard.from_environ(
+                                        self.rank, self.num_workers, self._names))
         if self.num_workers > 1:
             self._stall.start()
         # a script's last step leaves its allreduces in flight; Horovod's own exit handler,
@@ -457,14 +460,21 @@ class HorovodStore(MXNetCalls, KVStoreBase):
                         raise KVStoreError(f"{self._type} worker {self.rank}: an allreduce of "
                                            f"key {k!r} failed (the last one started at step "
                                            f"{st.step - 1}): "
-                                           f"{str(exc).strip().splitlines()[0]}") from exc
+                                           + self._failure(exc, st.step - 1)) from exc
             try:
                 mx.nd.waitall()
             except mx.base.MXNetError as exc:
+                step = max((st.step for st in self._keys.values()), default=1) - 1
                 raise KVStoreError(f"{self._type} worker {self.rank}: an operation failed: "
-                                   f"{str(exc).strip().splitlines()[0]}") from exc
+                                   + self._failure(exc, step)) from exc
         finally:
             self._stall.stop()
+
+    def _failure(self, exc, step: int) -> str:
+        """The first line of MXNet's error, then the workers this one waited for at
+        ``step``, as far as their progress on the rendezvous server tells."""
+        peers = self._stall.waiting_for(step)
+        return str(exc).strip().splitlines()[0] + (f" {peers}" if peers else "")
 
 
 def _close_at_exit(ref) -> None:

@@ -13,6 +13,7 @@ The same job by hand: ``horovodrun -np 2 -H localhost:2 --gloo python train.py``
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -40,14 +41,18 @@ class HorovodJob:
         self.straggler_env = straggler_env(args)
         self.supervisor = Supervisor(args.timeout)
         self.rendezvous = None
+        # authenticates what the workers put on the rendezvous server (horovod/progress.py)
+        self.secret = secrets.token_hex(32)
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
         self.slots = get_host_assignments(parse_hosts(f"{LOCALHOST}:{args.num_workers}"),
                                           args.num_workers)
 
     def worker_env(self, slot, port: int) -> dict:
         a = self.args
+        # the user's Horovod settings (HOROVOD_FUSION_THRESHOLD, HOROVOD_GLOO_TIMEOUT_SECONDS,
+        # ...) reach the workers, as horovodrun passes them; each worker's identity is set below
         env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("DMLC_", "HOROVOD_")) and k not in jobenv.IDENTITY_VARIABLES}
+               if not k.startswith("DMLC_") and k not in jobenv.IDENTITY_VARIABLES}
         # MXNet's MKL-DNN layouts (blocked, sometimes padded) reach Horovod's allreduce from
         # convolutions and break it (a failed check or a size mismatch between ranks): off,
         # unless the job's options say otherwise
@@ -64,7 +69,7 @@ class HorovodJob:
             "HOROVOD_RANK": str(slot.rank), "HOROVOD_SIZE": str(slot.size),
             "HOROVOD_LOCAL_RANK": str(slot.local_rank), "HOROVOD_LOCAL_SIZE": str(slot.local_size),
             "HOROVOD_CROSS_RANK": str(slot.cross_rank), "HOROVOD_CROSS_SIZE": str(slot.cross_size),
-            "PYTHONUNBUFFERED": "1"})
+            "PYTHONUNBUFFERED": "1", jobenv.SECRET: self.secret})
         return env
 
     def plan(self, port: int) -> list[Node]:
@@ -111,6 +116,7 @@ def run_horovodrun(args) -> int:
     """Several hosts: horovodrun starts and supervises the ranks; we stop it on Ctrl-C."""
     command = worker_command(args, local=False)
     env = dict(os.environ)
+    env.setdefault(jobenv.SECRET, secrets.token_hex(32))   # horovodrun passes it to the ranks
     env.update(parse_env_pairs(args.env))
     env.update(parse_env_pairs(args.env_worker))
     env.update(store_env(args))

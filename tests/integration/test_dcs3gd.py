@@ -318,11 +318,46 @@ def test_an_allreduce_that_does_not_end_is_reported_with_every_threads_stack(run
     assert reports and {w for w, _, _ in reports} == {"0"}, log[-3000:]
     assert {s for _, s, _ in reports} <= {"1", "2"}, reports
     assert len(reports) <= 2 and all(3 <= int(t) < 12 for _, _, t in reports), reports
+    # worker 1, asleep in its script, still beats on the rendezvous server: named as heard
+    # from, behind
+    assert re.search(r"has not ended after \d+ s\. Waiting for: worker 1 heard from [\d.]+ s "
+                     r"ago, its newest allreduce at step [01]\.", log), log[-3000:]
     lines = open(script).read().splitlines()
     at = next(i for i, line in enumerate(lines, 1) if "loss.asscalar()" in line)
     assert "Thread 0x" in log and f'busy_elsewhere.py", line {at}' in log   # the stacks
     assert "worker 0 step 2" in log and "worker 1 step 2" in log
     assert time.monotonic() - t0 < 60
+
+
+
+def test_a_frozen_worker_is_named_by_the_stall_report_and_by_the_failed_allreduces_error(
+        run_hvd):
+    """Worker 1 freezes (SIGSTOP) before step 1. Worker 0's stall report (bound 2 s) and, once
+    Gloo's timeout (10 s) fails its allreduces, the error it exits with name worker 1 as not
+    heard from, from the heartbeats both put on the launcher's rendezvous server; the job
+    fails in bounded time (worker 1, still frozen, is stopped with it)."""
+    script = os.path.join(JOBS, "frozen_peer.py")
+    t0 = time.monotonic()
+    code, log = run_hvd([script, "dist_ssgd", "60"], env={"KVX_STALL_REPORT_S": "2",
+                                                         "HOROVOD_GLOO_TIMEOUT_SECONDS": "10"},
+                        timeout=120)
+    took = time.monotonic() - t0
+    assert code != 0, log[-3000:]
+    assert "worker 1 freezes" in log and "worker 0 step 0" in log
+    # at the report (2 s), worker 1 may have frozen under a second before: named either way
+    report = re.search(r"kvstore_ext dist_ssgd worker 0: an allreduce of key \d+ \(step [12] or "
+                       r"later\) has not ended after \d+ s\. Waiting for: worker 1 (not heard "
+                       r"from in the last [\d.]+ s \(its newest allreduce: step 0\)|heard from "
+                       r"[\d.]+ s ago, its newest allreduce at step 0)\.", log)
+    assert report, log[-4000:]
+    # the error it exits with: a key's allreduce, or (if the script's read met it first) the
+    # engine's last operation
+    failed = re.search(r"kvstore_ext dist_ssgd worker 0: (an allreduce of key \d+ failed \(the "
+                       r"last one started at step \d\)|an operation failed): .*Waiting for: "
+                       r"worker 1 not heard from in the last ([\d.]+) s \(its newest allreduce: "
+                       r"step 0\)\.", log)
+    assert failed and float(failed.group(2)) >= 5, log[-4000:]
+    assert took < 60, took
 
 
 LAST_STEP_AT_EXIT = """

@@ -77,8 +77,7 @@ class HorovodJob:
                 for s in self.slots]
 
     def start(self) -> None:
-        from horovod.runner.http.http_server import RendezvousServer
-        self.rendezvous = RendezvousServer()
+        self.rendezvous = loopback_rendezvous()
         port = self.rendezvous.start()
         self.rendezvous.init(self.slots)
         for node in self.plan(port):
@@ -99,6 +98,23 @@ class HorovodJob:
             self.dry_run()
             return 0
         return self.supervisor.run(self.start, cleanup=self.stop_rendezvous)
+
+
+def loopback_rendezvous():
+    """Horovod's Gloo rendezvous server, listening on 127.0.0.1 only, where the workers of a
+    job on this machine look for it.  Horovod's own binds every interface: anyone on the
+    network could then rewrite the addresses the ranks connect to, or stop the job."""
+    from horovod.runner.http.http_server import (RendezvousHandler, RendezvousHTTPServer,
+                                                 RendezvousServer)
+    from horovod.runner.util.threads import in_thread
+
+    class LoopbackRendezvousServer(RendezvousServer):
+        def start(self, handler_cls=RendezvousHandler) -> int:
+            self._httpd = RendezvousHTTPServer(("127.0.0.1", 0), handler_cls, self._verbose)
+            self._listen_thread = in_thread(target=self._httpd.serve_forever)
+            return self._httpd.server_address[1]
+
+    return LoopbackRendezvousServer()
 
 
 def horovodrun_argv(args, command: list[str]) -> list[str]:

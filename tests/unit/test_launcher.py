@@ -230,3 +230,32 @@ def test_the_workers_options_are_theirs_even_when_they_begin_like_ours():
     assert args.command == ["python", "t.py", "--sched", "3", "--dev", "x", "--time", "1",
                             "--kv-param", "a=1"]
     assert args.device is None and args.timeout == 0 and args.kv_param == []
+
+
+def _other_addresses() -> list[str]:
+    """This machine's IPv4 addresses outside loopback (``ip -4 -o addr``)."""
+    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    return [f.split("/")[0] for line in out.splitlines() for f in line.split()[3:4]
+            if not f.startswith("127.")]
+
+
+def test_a_local_horovod_jobs_rendezvous_server_listens_on_loopback_only():
+    """The launcher's Gloo rendezvous server answers on 127.0.0.1, where its workers look,
+    and refuses the machine's other addresses (Horovod's own binds every interface)."""
+    import socket
+    import urllib.request
+    from kvstore_ext.launch.horovod_job import loopback_rendezvous
+    server = loopback_rendezvous()
+    port = server.start()
+    try:
+        assert server._httpd.socket.getsockname() == ("127.0.0.1", port)
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/scope/key", data=b"v",
+                                         method="PUT")
+        urllib.request.urlopen(request, timeout=2).close()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/scope/key", timeout=2) as answer:
+            assert answer.read() == b"v"
+        for address in _other_addresses():
+            with pytest.raises(OSError):
+                socket.create_connection((address, port), timeout=2).close()
+    finally:
+        server.stop()

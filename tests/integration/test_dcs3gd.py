@@ -330,6 +330,8 @@ def test_an_allreduce_that_does_not_end_is_reported_with_every_threads_stack(run
 
 
 
+@pytest.mark.long     # it waits on purpose for Gloo's timeout; the busy-elsewhere test above
+# checks the heartbeats in the default suite
 def test_a_frozen_worker_is_named_by_the_stall_report_and_by_the_failed_allreduces_error(
         run_hvd):
     """Worker 1 freezes (SIGSTOP) before step 1. Worker 0's stall report (bound 2 s) and, once

@@ -90,6 +90,18 @@ def metrics_dir(name: str = METRICS_DIR) -> str | None:
     return path
 
 
+def parse_secret(raw: str) -> bytes:
+    """The job's secret from ``KVX_SECRET``'s hex; a value too short or not hex is an error
+    naming the variable."""
+    try:
+        secret = bytes.fromhex(raw)
+    except ValueError:
+        raise ValueError(f"{SECRET} must be hex (as launch.py makes it)") from None
+    if len(secret) < 16:
+        raise ValueError(f"{SECRET} must hold at least 16 bytes (32 hex digits)")
+    return secret
+
+
 def _env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)
     if raw in (None, ""):
@@ -142,12 +154,7 @@ class JobEnv:
             raise ValueError(f"{ON_WORKER_DEATH} must be one of {ON_DEATH_CHOICES}, got {on_death!r}")
         # an MPI launcher gives each worker its rank in its own variable
         rank = env.get(WORKER_RANK) or env.get("OMPI_COMM_WORLD_RANK") or env.get("PMI_RANK")
-        try:
-            secret = bytes.fromhex(env[SECRET])
-        except ValueError:
-            raise ValueError(f"{SECRET} must be hex (as launch.py makes it)") from None
-        if len(secret) < 16:
-            raise ValueError(f"{SECRET} must hold at least 16 bytes (32 hex digits)")
+        secret = parse_secret(env[SECRET])
         interval = _env_float(HEARTBEAT_INTERVAL, 1.0)
         return cls(
             scheduler_host=env[SCHEDULER_HOST],

@@ -13,7 +13,8 @@ process or host, or the link to it), or one alive that has not started the step 
 elsewhere, or hung in its script).
 
 A value is a small JSON object, authenticated with the job's secret (``KVX_SECRET``, which
-``launch.py`` gives every Horovod job) when there is one; one that is not what a worker
+``launch.py`` gives every Horovod job on one machine; over several hosts only the user's, as
+horovodrun would put a secret made here on ssh's command line) when there is one; one that is not what a worker
 writes, too long, unauthenticated, or older than one seen (a replay) is ignored.  It only
 feeds a message: nothing here can stop or slow the job, and a server that does not answer
 costs each look at most ``TIMEOUT_S``.
@@ -73,10 +74,8 @@ class ProgressBoard:
         port = env.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
         if size < 2 or not address or not (port or "").isdigit():
             return None
-        secret = None
-        raw = env.get(jobenv.SECRET, "")
-        try:
-            secret = bytes.fromhex(raw) or None
+        try:        # none, or not one launch.py makes: the values go unauthenticated
+            secret = jobenv.parse_secret(env.get(jobenv.SECRET, ""))
         except ValueError:
             secret = None
         return cls(address, int(port), rank, size, name, secret)

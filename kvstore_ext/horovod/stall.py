@@ -42,12 +42,12 @@ class StallReporter:
                  board=None):
         self.after_s = float(after_s)
         self.board = board       # a ProgressBoard, or None
-        period = look_period(self.after_s) if self.after_s > 0 else 0.0
+        self.period = look_period(self.after_s) if self.after_s > 0 else 0.0
         #: the watched allreduce's age from which the others' progress is read, look by look
-        self.read_after = period
+        self.read_after = self.period
         #: a peer whose heartbeat has not moved for this long is "not heard from": a live
         #: one moves it at each of its looks, and is read at each look here
-        self.silent_after = 2 * period
+        self.silent_after = 2 * self.period
         self.describe = describe
         self.watch = watch
         self.out = out
@@ -128,9 +128,8 @@ class StallReporter:
         return self
 
     def _run(self) -> None:
-        period = look_period(self.after_s)
         self.beat()          # heard from at once: a worker that hangs early is known
-        while not self._stop.wait(period):
+        while not self._stop.wait(self.period):
             self.beat()
             self.look()
 

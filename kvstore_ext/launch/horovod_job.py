@@ -132,7 +132,6 @@ def run_horovodrun(args) -> int:
     """Several hosts: horovodrun starts and supervises the ranks; we stop it on Ctrl-C."""
     command = worker_command(args, local=False)
     env = dict(os.environ)
-    env.setdefault(jobenv.SECRET, secrets.token_hex(32))   # horovodrun passes it to the ranks
     env.update(parse_env_pairs(args.env))
     env.update(parse_env_pairs(args.env_worker))
     env.update(store_env(args))

@@ -385,7 +385,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="[kvstore_ext scheduler] %(message)s")
     env = os.environ
     try:
-        secret = bytes.fromhex(env[jobenv.SECRET])
+        secret = jobenv.parse_secret(env[jobenv.SECRET])
         num_workers = int(env[jobenv.NUM_WORKER])
         num_servers = int(env[jobenv.NUM_SERVER])
     except (KeyError, ValueError) as exc:

@@ -113,6 +113,46 @@ def test_psp_trace(digits):
         (0, 0, 1), (1, 0, 1), (2, 0, None), (0, 1, 2), (1, 1, 2), (0, 2, 3), (2, 1, None),
         (1, 2, 3)]
     assert vt.log.dropped == 2
+    # a push every server drops costs no backward pass, but uses up its mini-batch: w2's
+    # two dropped pushes took its first two, so it is at its third
+    assert vt.log.gradients == vt.pushes - 2
+    assert vt.cursor == [3 * BATCH, 3 * BATCH, 2 * BATCH]
+
+
+class EveryPushComputed(VirtualTraining):
+    """The reference: every push's gradient made at its first server, dropped or not."""
+
+    def push(self, worker, server=0, accepted=True):
+        super().push(worker, server, accepted)
+        if server == 0 and self._unsent is not None:
+            self._backward(*self._unsent)
+            self._unsent = None
+
+
+@pytest.mark.parametrize("slow", [0, 1])
+def test_a_push_one_server_drops_is_computed_for_the_other_bit_for_bit(digits, slow):
+    """With one server late (b < 1), a worker's push may be dropped by one server and summed
+    by the other: its gradient is then made at the one that takes it, from the weights the
+    worker read and on its own mini-batch, equal bit for bit to making it at every push."""
+    x, y, xt, yt = digits
+    params = registry.lookup("dist_psp").check({"min_pushes": 2, "min_pull_fraction": 0.5})
+    runs = []
+    for kind in (VirtualTraining, EveryPushComputed):
+        vt = kind(fresh_net(), "dist_psp", 3, x, y, xt, yt, BATCH, make_sgd(), servers=2,
+                  record_trace=True)
+        delays = [0.0, 0.0]
+        delays[slow] = 1.5
+        simulate("dist_psp", params, None, 8.0,
+                 clocks=DeviceClock.for_cluster("1000ms,2000ms,3000ms", [], 3), servers=2,
+                 blocks=vt.blocks_per_server(), reply_delays=delays, trainer=vt)
+        runs.append(vt)
+    lazy, eager = runs
+    applied = [tuple(a) for _, _, a in lazy.log.trace]
+    assert any(a[slow] is None and a[1 - slow] is not None for a in applied)   # the case
+    assert lazy.log.trace == eager.log.trace
+    for a, b in zip(lazy.weights(), eager.weights()):
+        assert np.array_equal(a, b)
+    assert lazy.log.gradients == sum(1 for a in applied if a != (None, None)) < lazy.pushes
 
 
 def test_psp_blocks_on_two_servers_read_what_each_worker_holds(digits):

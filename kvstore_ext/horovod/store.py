@@ -339,18 +339,18 @@ class HorovodStore(MXNetCalls, KVStoreBase):
 
     # -- data plane ---------------------------------------------------------------------------
     def pushpull(self, key, value, out=None, priority=0):
-        """Push this step's gradients, get the new weights in ``out``; returns at once."""
+        """Push this step's gradients, get the new weights in ``out`` (in ``value`` when no
+        ``out`` is given, as MXNet's stores do); returns at once."""
         if self._updater is None:
             raise KVStoreError(f"{self._type} updates the weights itself: call set_optimizer first "
                                f"(gluon.Trainer does, with update_on_kvstore)")
-        outs = _pairs(key, out, "out array") if out is not None else None
+        outs = _pairs(key, value if out is None else out, "out array")
         for i, (k, v) in enumerate(_pairs(key, value)):
             k = _check_key(k)
             st = self._state(k)
             g = self._gradient(k, st, v)
-            if outs is not None:    # shapes checked before anything starts
-                refuse_sparse(self._type, k, outs[i][1], "out array")
-                self._check_out(k, st, _as_list(outs[i][1]))
+            refuse_sparse(self._type, k, outs[i][1], "out array")   # checked before it starts
+            self._check_out(k, st, _as_list(outs[i][1]))
             step = st.step
             self._metrics.count_pushes([k])
             self._meter.pushed(step)
@@ -358,8 +358,7 @@ class HorovodStore(MXNetCalls, KVStoreBase):
                 probe(lambda s=step: self._meter.grad_ready(s, time.perf_counter()), [g])
             self._step(k, st, g, priority)
             st.step += 1
-            if outs is not None:
-                self._write_out(k, st, outs[i][1])
+            self._write_out(k, st, outs[i][1])
 
     @staticmethod
     def _check_out(k, st, outs) -> None:

@@ -157,6 +157,9 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         #: values copied out of the key's reply slot, kept while the same arrays come back
         self._repeated: dict = {}
         self._staged_call = None       # the kept plan :meth:`_plan` used last, if it used one
+        #: key -> the arrays its latest ``pushpull`` writes, which a pull of the key waits
+        #: for on a synchronous store (:meth:`_wait_for_rounds`)
+        self._round_outputs: dict = {}
 
     @functools.cached_property
     def _staging(self) -> dict[int, Staging]:
@@ -362,6 +365,15 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         if op != Op.PULL and self._lr_source is not None and \
                 self._lr_source.lr != self._servers_lr:
             self._send_learning_rate()
+        if not getattr(self, "asynchronous", False):
+            if op == Op.PULL:
+                if self._round_outputs:
+                    self._wait_for_rounds([k for k, _ in pairs])
+            elif op == Op.PUSHPULL and outs:
+                latest: dict = {}
+                for k, o in outs:       # o: an array, or a list of them (one per device)
+                    latest.setdefault(k, []).extend(_as_list(o))
+                self._round_outputs.update(latest)
         # _plan reads the gradients, which waits for MXNet's engine to finish computing them:
         # that time is compute, so the clock for waiting on the store starts after it
         conn = self._conn
@@ -415,6 +427,24 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
                 self._copy_in(targets, fetch())
         finally:
             self._metrics.end_call()
+
+    def _wait_for_rounds(self, keys) -> None:
+        """Before a pull on a synchronous store: wait until this worker's latest ``pushpull``
+        of each key is answered.  Its round closes only when every worker has pushed, and the
+        servers answer a pull at once, with the round before; MXNet's ``dist_sync`` orders a
+        pull after the worker's push of the key, so it reads the round the push went into.
+        (A plain ``push`` returns once its round has closed.)"""
+        self._wait_for_writes(keys, [a for k in keys for a in self._round_outputs.get(k, ())])
+
+    def _wait_for_writes(self, keys, arrays) -> None:
+        """Wait until MXNet's engine has written ``arrays``, which calls of ``keys`` write."""
+        if not arrays:
+            return
+        coalescer = self._coalescer
+        if coalescer is not None and any(coalescer.holds(k) for k in keys):
+            self._flush()        # the batch those writes wait for has not been sent yet
+        for a in arrays:
+            a.wait_to_read()
 
     def _writing_to(self, targets) -> None:
         """Hook: the ``(key, Destination)`` pairs the call being made writes its values to."""
@@ -1045,14 +1075,8 @@ class DistPSP(ParameterServerStore):
         back to back) would otherwise be stamped with the version before the last call's, and
         the servers, a round on, would drop it: with c = n, three rounds out of four were lost
         where ``dist_bsp`` applies them all."""
-        arrays = [d.array for k, _ in pairs for d in self._weights.get(k, ())]
-        if not arrays:
-            return
-        coalescer = self._coalescer
-        if coalescer is not None and any(coalescer.holds(k) for k, _ in pairs):
-            self._flush()        # the batch those writes wait for has not been sent yet
-        for a in arrays:
-            a.wait_to_read()
+        self._wait_for_writes([k for k, _ in pairs],
+                              [d.array for k, _ in pairs for d in self._weights.get(k, ())])
 
     def _await(self, op: str, tickets, plan) -> dict:
         if op == Op.PUSH:   # answered once the round each block went into has closed

@@ -279,6 +279,11 @@ def test_bad_keys_and_shapes_get_clear_errors():
         kv.pushpull(0, mx.nd.ones((2, 3)), out=mx.nd.ones((6,)))
     kv.pushpull(0, mx.nd.ones((2, 3)), out=w)
     np.testing.assert_allclose(w.asnumpy(), 0.9)          # one worker: plain SGD
+    g = mx.nd.ones((2, 3))
+    kv.pushpull(0, g)     # no out: the new weights land in the value, as MXNet's stores do
+    np.testing.assert_allclose(g.asnumpy(), 0.8, rtol=1e-6)
+    kv.pull(0, out=w)
+    np.testing.assert_allclose(w.asnumpy(), 0.8, rtol=1e-6)
     assert isinstance(kv, mx.kv.KVStoreBase) and mx.kv.create("dist_ssgd").type == "dist_ssgd"
 
 

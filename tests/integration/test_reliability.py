@@ -186,6 +186,19 @@ def test_a_pull_right_after_a_push_always_fills_a_fresh_array(run_job, kvstore):
     assert all(c == "0" for c in checks), log[-3000:]
 
 
+@pytest.mark.parametrize("kvstore", ["dist_bsp", "dist_psp"])
+def test_a_pull_right_after_a_pushpull_reads_the_round_it_went_into(run_job, kvstore):
+    """``kv.pushpull`` returns before its round closes; a pull of the key made right after
+    it must wait for it, as MXNet's ``dist_sync`` does (its pull waits for the worker's
+    push).  Before, the servers answered the pull at once with the round before: 3-14 of
+    20 pulls stale, and the workers read different weights."""
+    code, log = run_job(3, 2, [os.path.join(JOBS, "pull_after_push.py"), kvstore, "20",
+                               "pushpull"], timeout=240)
+    checks = re.findall(r"PULLCHECK worker \d+ bad (\d+) of 80", log)
+    assert len(checks) == 3 and code == 0, log[-3000:]
+    assert all(c == "0" for c in checks), log[-3000:]
+
+
 def test_a_reply_that_does_not_come_is_reported_with_every_threads_stack(run_job):
     """Worker 1 stays away 8 s twice: worker 0's step-1 pushpull waits for it (a synchronous
     round), then its barrier.  Each wait is reported after the bound (2 s here), naming the

@@ -317,6 +317,23 @@ class StallWatcher(threading.Thread):
                    unless=what_else(ticket, self.pooled))
 
 
+def disconnected(monitor) -> bool:
+    """Whether the socket a monitor watches lost a connection since the last look."""
+    seen = False
+    while True:
+        try:
+            event = recv_monitor_message(monitor, zmq.NOBLOCK)
+        except zmq.Again:
+            return seen
+        seen = seen or event["event"] == zmq.EVENT_DISCONNECTED
+
+
+def connection_lost(who: str, heartbeat_timeout: float) -> str:
+    """What a lost connection to ``who`` means, for the error it raises."""
+    return (f"{who} closed its connection: it exited or was killed, or its host stopped "
+            f"answering for {heartbeat_timeout:g} s")
+
+
 class LinkThread(threading.Thread):
     """Receives replies and scheduler notices, watches the connections, sends heartbeats."""
 
@@ -352,10 +369,8 @@ class LinkThread(threading.Thread):
                 if self.hb in events:
                     self._drain_notices()
                 for monitor, (error_type, who) in self.monitors.items():
-                    if monitor in events and self._disconnected(monitor) and not conn.failure:
-                        cause = (f"{who} closed its connection: it exited or was killed, or "
-                                 f"its host stopped answering for "
-                                 f"{conn.env.heartbeat_timeout:g} s")
+                    if monitor in events and disconnected(monitor) and not conn.failure:
+                        cause = connection_lost(who, conn.env.heartbeat_timeout)
                         conn.set_failure(f"{cause}; the job stops", error_type)
                         if error_type is ServerLostError:
                             self._tell_scheduler(cause, hb_out)
@@ -375,16 +390,6 @@ class LinkThread(threading.Thread):
                 to="scheduler", outbox=outbox), zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
-
-    @staticmethod
-    def _disconnected(monitor) -> bool:
-        seen = False
-        while True:
-            try:
-                event = recv_monitor_message(monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return seen
-            seen = seen or event["event"] == zmq.EVENT_DISCONNECTED
 
     def _messages(self, sock, inbox):
         """The authenticated messages waiting on ``sock`` (others are dropped and counted)."""
@@ -484,7 +489,12 @@ class Connection:
             sock.connect(addr)
             rx.append(sock)
             self.rx_names.append(name)
-        self._hello(rx, start_timeout)
+        try:
+            self._hello(rx, start_timeout, monitors)
+        except KVStoreError:
+            self.ctx.destroy(0)
+            self.closed = True
+            raise
         hb = configure(self.ctx.socket(zmq.DEALER), self.limits)
         hb.connect(self.env.scheduler_address)
         self.link = LinkThread(self, hb, rx, monitors)
@@ -517,25 +527,48 @@ class Connection:
         self.num_servers = header["num_servers"]
         self.on_worker_death = header["on_worker_death"]
 
-    def _hello(self, rx, timeout: float) -> None:
-        """Make sure every server can route replies to our receiving sockets."""
+    def _hello(self, rx, timeout: float, monitors) -> None:
+        """Make sure every server can route replies to our receiving sockets.  Meanwhile the
+        scheduler's notices and the connections' monitors are read: a server that froze
+        after it registered stops answering ZeroMQ's heartbeats, and no answer to a hello
+        would ever say so."""
         deadline = time.monotonic() + timeout
         for server, sock in enumerate(rx):
             # until the receiving socket's connection is up, the server drops replies to it:
             # say hello again until one comes back
             while True:
-                self.tx[server].send_multipart(self.codec.seal(
-                    {"op": Op.HELLO, "seq": 0, "worker": self.rank,
-                     "reply_to": self.rx_names[server]},
-                    to=f"server:{server}", outbox=self.tx_out[server]))
+                try:   # a server that reads nothing fills the queue: a hello is waiting there
+                    self.tx[server].send_multipart(self.codec.seal(
+                        {"op": Op.HELLO, "seq": 0, "worker": self.rank,
+                         "reply_to": self.rx_names[server]},
+                        to=f"server:{server}", outbox=self.tx_out[server]), flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
                 if sock.poll(100):
                     break
+                self._read_start_notices()
+                for monitor, (error_type, who) in monitors.items():
+                    if disconnected(monitor):
+                        raise error_type(f"{connection_lost(who, self.env.heartbeat_timeout)}"
+                                         f"; the job stops")
                 if time.monotonic() > deadline:
                     raise ServerLostError(f"server {server} at "
                                           f"{self.topology['servers'][server]} did not answer "
                                           f"within {timeout:g} s")
             while sock.poll(50):       # extra answers to repeated hellos (dropped later if late)
                 sock.recv_multipart()
+
+    def _read_start_notices(self) -> None:
+        """The scheduler's notices that came while the link thread does not run yet: a job
+        stopped, or a node dead, raise as they would on a call."""
+        while self.sched.poll(0):
+            try:
+                header, _ = self.sched_in.open(self.sched.recv_multipart())
+            except AuthError:
+                continue
+            self.notice(header)
+            if self.failure is not None:
+                raise self.failure_type(self.failure)
 
     # -- notices ------------------------------------------------------------------------------
     def notice(self, header: dict) -> None:

@@ -518,6 +518,9 @@ def configure(sock: zmq.Socket, limits: Limits) -> zmq.Socket:
     sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(limits.heartbeat_interval * 1000)))
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(limits.heartbeat_timeout * 1000)))
     sock.setsockopt(zmq.HEARTBEAT_TTL, max(100, int(limits.heartbeat_timeout * 1000)))
+    # heartbeats start once the handshake is done: a peer that froze before it (a server
+    # stopped right after it registered) is timed out by this instead (ZeroMQ's default: 30 s)
+    sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(limits.heartbeat_timeout * 1000)))
     return sock
 
 

@@ -102,6 +102,36 @@ def test_a_hung_server_is_named_by_every_worker_even_the_ones_that_hear_of_it_la
         job.kill()
 
 
+def test_a_server_frozen_before_the_workers_hello_is_named_not_a_hang(tmp_path):
+    """Server 0 registers, then freezes (SIGSTOP) before the workers, late, say hello to it.
+    The scheduler's heartbeats find it dead; the workers must hear of it while they wait for
+    its answer.  Before, they did not read the scheduler then, and their hellos, one every
+    0.1 s, filled the socket's queue after 100 s and blocked: the job hung for ever, past
+    --start-timeout, saying nothing."""
+    import psutil
+    job = ManualJob(tmp_path, 2, "fail", ["dist_bsp", "8"], heartbeat_timeout=2,
+                    script="late_start.py")
+    try:
+        server = psutil.Process(job.servers[0].pid)
+        deadline = time.monotonic() + 7      # the workers sleep 8 s before they start
+        while not server.net_connections("tcp") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.net_connections("tcp"), "the server did not reach the scheduler"
+        time.sleep(0.5)                      # its registration is in
+        os.kill(job.servers[0].pid, signal.SIGSTOP)
+        for rank in range(2):
+            assert job.workers[rank].wait(timeout=30) == 4, job.output(rank)
+            out = job.output(rank)
+            match = re.search(r"STARTFAIL after ([\d.]+) s: (\w+): (.*)", out)
+            assert match, out
+            assert float(match.group(1)) < 15, out
+            assert match.group(2) in ("ServerLostError", "JobAbortedError"), out
+            assert "server 0" in match.group(3), out
+    finally:
+        os.kill(job.servers[0].pid, signal.SIGCONT)
+        job.kill()
+
+
 @pytest.mark.parametrize("kvstore", ["dist_asp", "dist_bsp"])
 def test_replayed_pushes_barriers_and_heartbeats_are_rejected(run_job, tmp_path, kvstore):
     code, log = run_job(2, 1, [os.path.join(JOBS, "replay.py"), "--kvstore", kvstore,

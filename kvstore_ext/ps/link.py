@@ -317,6 +317,26 @@ class StallWatcher(threading.Thread):
                    unless=what_else(ticket, self.pooled))
 
 
+#: the exception the main thread's script ended with, if it did (see :func:`note_uncaught`)
+_uncaught: list = []
+
+
+def note_uncaught() -> None:
+    """Have the process's uncaught exception recorded before Python prints it: a worker whose
+    script raised must not leave the job as one that finished (the scheduler would tell the
+    other workers nothing, and they would go on alone).  Installed once, in front of the
+    hook in place."""
+    previous = sys.excepthook
+    if getattr(previous, "kvstore_ext", False):
+        return
+
+    def hook(exc_type, exc, tb):
+        _uncaught.append(exc)
+        previous(exc_type, exc, tb)
+    hook.kvstore_ext = True
+    sys.excepthook = hook
+
+
 def disconnected(monitor) -> bool:
     """Whether the socket a monitor watches lost a connection since the last look."""
     seen = False
@@ -502,6 +522,7 @@ class Connection:
         self.stall_watch = StallWatcher(self)
         if self.stall_after > 0:
             self.stall_watch.start()
+        note_uncaught()
         atexit.register(self.close)
 
     def _register(self, store: StoreConfig, start_timeout: float) -> None:
@@ -622,10 +643,10 @@ class Connection:
     # -- requests -----------------------------------------------------------------------------
     def send(self, messages: dict[int, tuple[dict, list]]) -> dict[int, Ticket]:
         """Send one message per server; return the tickets of their replies."""
+        if self.failure:   # first: after a job's stop, a call made while closing meets the stop
+            self.raise_failure()
         if self.closed:
             raise KVStoreError("this kvstore has been closed")
-        if self.failure:
-            self.raise_failure()
         sizes = {}   # each buffer's bytes, read once: for the limits and for the window
         for server, (header, buffers) in messages.items():
             sizes[server] = buffers.sizes if isinstance(buffers, Packed) else \
@@ -771,9 +792,17 @@ class Connection:
                 and time.monotonic() < end:
             time.sleep(0.01)      # replies still owed to engine operations
         try:
-            if not self.failure:
+            if self.failure:
+                pass
+            elif _uncaught:    # not finished: the others must hear why this worker stops
+                exc = _uncaught[-1]
+                self.sched.send_multipart(self.codec.seal(
+                    {"op": Op.FAILED, "role": "worker", "rank": self.rank,
+                     "error": f"its script raised {type(exc).__name__}: {exc}"[:400]},
+                    to="scheduler", outbox=self.sched_out), zmq.NOBLOCK)
+            else:
                 self.scheduler_call({"op": Op.FINALIZE}, timeout=5.0)
-        except KVStoreError:
+        except (KVStoreError, zmq.ZMQError):
             pass
         finally:
             self.set_failure("the kvstore was closed")

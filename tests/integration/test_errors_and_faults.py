@@ -99,6 +99,22 @@ def test_dead_worker_stops_the_job_with_its_name(tmp_path):
         job.kill()
 
 
+def test_a_worker_whose_script_raises_stops_the_job_with_the_exception(tmp_path):
+    """Worker 1's script raises at round 3, without a launcher to stop the job.  Before, its
+    exit said "finished" to the scheduler, and worker 0 trained on alone, told nothing."""
+    job = ManualJob(tmp_path, 2, "fail", ["dist_asp", "100000", "3", "raise"])
+    try:
+        assert job.workers[1].wait(timeout=60) == 1, job.output(1)
+        assert "RuntimeError: a bug in the script at round 3" in job.output(1)
+        assert job.workers[0].wait(timeout=20) == 4, job.output(0)
+        out = job.output(0)
+        assert re.search(r"WorkerLostError: worker 1 died \(it stopped because its script "
+                         r"raised RuntimeError: a bug in the script at round 3\)", out), out
+        assert float(re.search(r"stopped at [\d.]+ after ([\d.]+) s", out).group(1)) < 30, out
+    finally:
+        job.kill()
+
+
 def test_an_operation_failing_after_the_caught_stop_keeps_the_exit_code(tmp_path):
     """A write-back that MXNet's engine starts only after the script caught the job's stop
     fails with that stop: it was reported, so the process exits with the script's code, not 1

@@ -59,6 +59,8 @@ def test_killed_server_or_scheduler_is_reported_to_every_worker_within_2_s(tmp_p
             assert latency < 2.0, out
             expected = "ServerLostError" if victim == "server" else "SchedulerLostError"
             assert match.group(2) == expected, out
+            # the stop reached the script: nothing else is reported as an error nobody saw
+            assert "no later call reported it" not in out, out
             assert ("server 0" if victim == "server" else "scheduler") in match.group(3), out
     finally:
         job.kill()

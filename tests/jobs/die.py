@@ -1,4 +1,5 @@
-"""Workers train in lock-step; worker 1 kills itself (SIGKILL) at round argv[3] (default 3, -1: never)."""
+"""Workers train in lock-step; worker 1 kills itself (SIGKILL) at round argv[3] (default 3, -1:
+never), or with argv[4] ``raise`` its script raises an exception there instead."""
 import os
 import signal
 import sys
@@ -18,6 +19,8 @@ t0 = time.monotonic()
 try:
     for i in range(rounds):
         if kv.rank == 1 and i == die_at:
+            if sys.argv[4:5] == ["raise"]:
+                raise RuntimeError(f"a bug in the script at round {i}")
             os.kill(os.getpid(), signal.SIGKILL)
         kv.pushpull(0, mx.nd.ones((4,)), out=w)
         time.sleep(0.01)

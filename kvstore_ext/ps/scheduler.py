@@ -53,6 +53,7 @@ class Scheduler:
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.fds: dict[int, tuple[str, int]] = {}   # connection -> the node it belongs to
+        self.closed_before_start: dict[int, float] = {}   # connection -> when it closed
         self.malformed = 0
         if port:
             self.sock.bind(f"tcp://{host}:{port}")
@@ -196,6 +197,8 @@ class Scheduler:
             if event["event"] != zmq.EVENT_DISCONNECTED:
                 continue
             key = self.fds.pop(event["value"], None)
+            if key is None and not self.started:   # a registered node's, perhaps: see start
+                self.closed_before_start[event["value"]] = time.monotonic()
             node = self.nodes.get(key)
             if node is None or node["state"] != "live":
                 continue
@@ -208,7 +211,7 @@ class Scheduler:
         node = header.get("node")
         if not isinstance(node, str) or len(node) > 80:
             raise ValueError("register without a node name")
-        header["_fd"] = fd
+        header["_fd"], header["_at"] = fd, time.monotonic()
         if self.started:
             self.join(ident, header, node)
             return
@@ -268,6 +271,17 @@ class Scheduler:
         self.started = True
         log.info("job started: %d workers, %d servers, %s", self.num_workers, self.num_servers,
                  describe(self.store))
+        # a node whose connection closed after it registered, before the others came (a
+        # server frozen at start-up, timed out by the heartbeats): dead, said now
+        for key, (_, h) in [*((("server", j), p) for j, p in enumerate(servers)),
+                            *((("worker", r), p) for r, p in zip(ranks, workers))]:
+            closed = self.closed_before_start.get(h["_fd"])
+            if closed is not None and closed > h["_at"] and self.nodes[key]["state"] == "live":
+                self.fds.pop(h["_fd"], None)
+                self.declare_dead(key, "its connection to the scheduler closed before the job "
+                                       "started: the process exited or was killed, or its "
+                                       f"host stopped answering for {self.heartbeat_timeout:g} s")
+        self.closed_before_start.clear()
 
     def join(self, ident: bytes, header: dict, node: str) -> None:
         """A worker registering after the start joins the running job, if its store is one

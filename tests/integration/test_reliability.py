@@ -132,6 +132,11 @@ def test_a_server_frozen_before_the_workers_hello_is_named_not_a_hang(tmp_path):
     finally:
         os.kill(job.servers[0].pid, signal.SIGCONT)
         job.kill()
+    # the scheduler closed the server's connection before the workers came; it says so when
+    # the job starts (before, it never did)
+    log = job.scheduler.stdout.read().decode()
+    assert "server 0 is dead (its connection to the scheduler closed before the job started" \
+        in log, log
 
 
 @pytest.mark.parametrize("kvstore", ["dist_asp", "dist_bsp"])

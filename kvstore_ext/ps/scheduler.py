@@ -349,7 +349,7 @@ class Scheduler:
         self.broadcast(notice)
         if role == "server":
             self.abort(f"server {rank} died ({reason}); the job stops")
-        self.maybe_release_barrier()
+        self.maybe_release_barrier(notice)
 
     def leave(self, key, why: str) -> None:
         node = self.nodes.get(key)
@@ -359,7 +359,16 @@ class Scheduler:
         self.broadcast({"op": Op.NODE_LEFT, "role": key[0], "rank": key[1]}, roles=("server",))
         self.maybe_release_barrier()
 
-    def maybe_release_barrier(self) -> None:
+    def maybe_release_barrier(self, notice: dict | None = None) -> None:
+        """Let the workers at a barrier go once every live worker is there; once the job
+        stops (a server died, or a worker under ``fail``), tell them why instead (``notice``,
+        the death that stopped it): an OK let a barrier return as if nothing had happened."""
+        if self.barrier_waiting and self.failure:
+            answer = notice or {"op": Op.ABORT, "error": f"{self.failure}; the job stops"}
+            for ident, rank in self.barrier_waiting:
+                self.send(ident, answer, f"worker:{rank}")
+            self.barrier_waiting = []
+            return
         live = {r for (role, r), n in self.nodes.items() if role == "worker" and n["state"] == "live"}
         arrived = {r for _, r in self.barrier_waiting}
         if self.barrier_waiting and live <= arrived:

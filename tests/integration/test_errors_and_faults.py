@@ -115,6 +115,21 @@ def test_a_worker_whose_script_raises_stops_the_job_with_the_exception(tmp_path)
         job.kill()
 
 
+def test_a_worker_dying_while_the_others_wait_at_a_barrier_stops_them_there(tmp_path):
+    """Worker 1 is killed while worker 0 waits at ``kv.barrier()``.  Before, the scheduler,
+    seeing every live worker at the barrier, let it go with OK: the barrier returned as if
+    nothing had happened, and the death surfaced only at exit."""
+    job = ManualJob(tmp_path, 2, "fail", ["dist_bsp", "20", "-1", "barrier"])
+    try:
+        assert job.workers[0].wait(timeout=60) == 4, job.output(0)
+        out = job.output(0)
+        assert re.search(r"WorkerLostError: worker 1 died \(its connection to the scheduler "
+                         r"closed", out), out
+        assert "finished" not in out, out
+    finally:
+        job.kill()
+
+
 def test_an_operation_failing_after_the_caught_stop_keeps_the_exit_code(tmp_path):
     """A write-back that MXNet's engine starts only after the script caught the job's stop
     fails with that stop: it was reported, so the process exits with the script's code, not 1

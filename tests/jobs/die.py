@@ -1,5 +1,6 @@
 """Workers train in lock-step; worker 1 kills itself (SIGKILL) at round argv[3] (default 3, -1:
-never), or with argv[4] ``raise`` its script raises an exception there instead."""
+never), or with argv[4] ``raise`` its script raises an exception there instead; with
+``barrier``, worker 1 is killed 2 s after the last round, while worker 0 waits at the barrier."""
 import os
 import signal
 import sys
@@ -26,6 +27,9 @@ try:
         time.sleep(0.01)
     # pushpull returns before its reply: a loss found after the last call surfaces here
     w.wait_to_read()
+    if kv.rank == 1 and sys.argv[4:5] == ["barrier"]:
+        time.sleep(2)
+        os.kill(os.getpid(), signal.SIGKILL)
     kv.barrier()
 except kvstore_ext.NodeLostError as exc:
     print(f"worker {kv.rank} stopped at {time.time():.3f} after {time.monotonic() - t0:.1f} s: "

@@ -793,7 +793,7 @@ class Connection:
             time.sleep(0.01)      # replies still owed to engine operations
         try:
             if self.failure:
-                pass
+                pass           # the job stopped: nothing to finish
             elif _uncaught:    # not finished: the others must hear why this worker stops
                 exc = _uncaught[-1]
                 self.sched.send_multipart(self.codec.seal(

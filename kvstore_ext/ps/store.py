@@ -157,7 +157,7 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         #: values copied out of the key's reply slot, kept while the same arrays come back
         self._repeated: dict = {}
         self._staged_call = None       # the kept plan :meth:`_plan` used last, if it used one
-        #: key -> the arrays its latest ``pushpull`` writes, which a pull of the key waits
+        #: key -> the array(s) its latest ``pushpull`` writes, which a pull of the key waits
         #: for on a synchronous store (:meth:`_wait_for_rounds`)
         self._round_outputs: dict = {}
 
@@ -370,10 +370,7 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
                 if self._round_outputs:
                     self._wait_for_rounds([k for k, _ in pairs])
             elif op == Op.PUSHPULL and outs:
-                latest: dict = {}
-                for k, o in outs:       # o: an array, or a list of them (one per device)
-                    latest.setdefault(k, []).extend(_as_list(o))
-                self._round_outputs.update(latest)
+                self._round_outputs.update(outs)   # key -> an array, or one per device
         # _plan reads the gradients, which waits for MXNet's engine to finish computing them:
         # that time is compute, so the clock for waiting on the store starts after it
         conn = self._conn
@@ -434,7 +431,8 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         servers answer a pull at once, with the round before; MXNet's ``dist_sync`` orders a
         pull after the worker's push of the key, so it reads the round the push went into.
         (A plain ``push`` returns once its round has closed.)"""
-        self._wait_for_writes(keys, [a for k in keys for a in self._round_outputs.get(k, ())])
+        self._wait_for_writes(keys, [a for k in keys
+                                     for a in _as_list(self._round_outputs.get(k, ()))])
 
     def _wait_for_writes(self, keys, arrays) -> None:
         """Wait until MXNet's engine has written ``arrays``, which calls of ``keys`` write."""

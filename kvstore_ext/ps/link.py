@@ -24,7 +24,7 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from .. import engine
+from .. import engine, jobenv
 from ..jobenv import JobEnv
 from ..stalls import POOL_WAIT, PEER_HUNG, after_seconds, look_period, report
 from ..registry import StoreConfig, lookup as lookup_store
@@ -337,15 +337,24 @@ def note_uncaught() -> None:
     sys.excepthook = hook
 
 
-def disconnected(monitor) -> bool:
-    """Whether the socket a monitor watches lost a connection since the last look."""
-    seen = False
+def monitor_events(monitor) -> set[int]:
+    """The kinds of event a socket monitor reported since the last look."""
+    seen = set()
     while True:
         try:
-            event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            seen.add(recv_monitor_message(monitor, zmq.NOBLOCK)["event"])
         except zmq.Again:
             return seen
-        seen = seen or event["event"] == zmq.EVENT_DISCONNECTED
+
+
+def disconnected(monitor) -> bool:
+    """Whether the socket a monitor watches lost a connection since the last look."""
+    return zmq.EVENT_DISCONNECTED in monitor_events(monitor)
+
+
+#: a connection the peer refused at the handshake: not the job's password (or key), or
+#: CURVE on one side only
+HANDSHAKE_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 
 
 def connection_lost(who: str, heartbeat_timeout: float) -> str:
@@ -473,7 +482,8 @@ class Connection:
         self.sched_out, self.sched_in = self.codec.outbox(), self.codec.inbox()
         self.ctx = new_context()
         self.sched = configure(self.ctx.socket(zmq.DEALER), self.limits)
-        monitors = {self.sched.get_monitor_socket(zmq.EVENT_DISCONNECTED):
+        sched_monitor = self.sched.get_monitor_socket(zmq.EVENT_DISCONNECTED | HANDSHAKE_REFUSED)
+        monitors = {sched_monitor:
                     (SchedulerLostError, f"the scheduler at {self.env.scheduler_address}")}
         self.sched.connect(self.env.scheduler_address)
         self.seq = itertools.count(1)
@@ -491,7 +501,7 @@ class Connection:
         self.inflight = 0                           # bytes of requests not yet answered
         self.bytes_sent = self.bytes_received = 0   # array bytes of requests and replies
         self.store = store
-        self._register(store, start_timeout)
+        self._register(store, start_timeout, sched_monitor)
         self.codec.names.add(f"worker:{self.rank}")
         self.tx, rx = [], []
         self.tx_out = []
@@ -525,11 +535,22 @@ class Connection:
         note_uncaught()
         atexit.register(self.close)
 
-    def _register(self, store: StoreConfig, start_timeout: float) -> None:
+    def _register(self, store: StoreConfig, start_timeout: float, monitor) -> None:
         self.sched.send_multipart(self.codec.seal(
             {"op": Op.REGISTER, "role": "worker", "rank_hint": self.env.worker_rank,
              "store": store.to_wire(), "node": self.node}, to="scheduler", outbox=self.sched_out))
-        reply = receive_until(self.sched, self.sched_in, time.monotonic() + start_timeout)
+        deadline = time.monotonic() + start_timeout
+        while True:
+            reply = receive_until(self.sched, self.sched_in, min(deadline, time.monotonic() + 0.2))
+            if reply is not None or time.monotonic() >= deadline:
+                break
+            if any(event & HANDSHAKE_REFUSED for event in monitor_events(monitor)):
+                self.ctx.destroy(0)
+                self.closed = True
+                raise KVStoreError(
+                    f"the scheduler at {self.env.scheduler_address} refused this process's "
+                    f"connection at the handshake: it belongs to another job, or this "
+                    f"process's {jobenv.SECRET} (or {jobenv.CURVE}) is not the job's")
         if reply is None:
             self.ctx.destroy(0)
             self.closed = True

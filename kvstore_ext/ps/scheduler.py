@@ -24,7 +24,8 @@ import zmq
 from .. import jobenv
 from zmq.utils.monitor import recv_monitor_message
 
-from .transport import AuthError, Codec, Limits, configure, new_context, recv_message
+from .transport import (HANDSHAKE_FAILED, AuthError, Codec, HandshakeGuard, Limits, configure,
+                        handshake_password, new_context, recv_message)
 from .protocol import SCHEDULER_OPS, Op
 
 ROLES = ("worker", "server")
@@ -47,11 +48,13 @@ class Scheduler:
         self.on_worker_death = on_worker_death
         self.heartbeat_timeout = heartbeat_timeout
         self.start_timeout = start_timeout
-        self.limits = limits or Limits(heartbeat_timeout=heartbeat_timeout)
+        self.limits = limits or Limits(heartbeat_timeout=heartbeat_timeout,
+                                       handshake_password=handshake_password(secret))
         self.ctx = new_context()
+        self.guard = HandshakeGuard(self.ctx, self.limits)
         self.sock = configure(self.ctx.socket(zmq.ROUTER), self.limits)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED)
         self.fds: dict[int, tuple[str, int]] = {}   # connection -> the node it belongs to
         self.closed_before_start: dict[int, float] = {}   # connection -> when it closed
         self.malformed = 0
@@ -123,9 +126,11 @@ class Scheduler:
                 shutdown_at = now
             if shutdown_at is not None and now - shutdown_at > 0.5:
                 break
-        refused = {**self.codec.rejected, **({"malformed": self.malformed} if self.malformed else {})}
+        refused = {**self.codec.rejected, **({"malformed": self.malformed} if self.malformed else {}),
+                   **({"handshake": self.guard.refused} if self.guard.refused else {})}
         if refused:
             log.warning("messages refused during the job: %s", json.dumps(refused, sort_keys=True))
+        self.guard.stop()
         self.ctx.destroy(0)
         return self.exit_code
 
@@ -194,7 +199,7 @@ class Scheduler:
                 event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if event["event"] != zmq.EVENT_DISCONNECTED:
+            if self.guard.note(event["event"]) or event["event"] != zmq.EVENT_DISCONNECTED:
                 continue
             key = self.fds.pop(event["value"], None)
             if key is None and not self.started:   # a registered node's, perhaps: see start

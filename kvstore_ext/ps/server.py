@@ -30,8 +30,9 @@ from ..policies.base import MAX_REPLY_HOLD_S
 from zmq.utils.monitor import recv_monitor_message
 
 from .protocol import BLOCK, DTYPE, INIT_SIZE, KEY, SHAPE, SIZE, Op, check_request
-from .transport import (AuthError, Codec, Limits, Packed, array_from_buffer, bind_random,
-                        configure, new_context, receive_until, recv_message)
+from .transport import (HANDSHAKE_FAILED, AuthError, Codec, HandshakeGuard, Limits, Packed,
+                        array_from_buffer, bind_random, configure, new_context, receive_until,
+                        recv_message)
 
 log = logging.getLogger("kvstore_ext.server")
 
@@ -254,7 +255,9 @@ class Server:
         self.sched_out, self.sched_in = self.codec.outbox(), self.codec.inbox()
         self.malformed = 0
         self.ctx = new_context()
+        self.guard = HandshakeGuard(self.ctx, self.limits)
         self.router = configure(self.ctx.socket(zmq.ROUTER), self.limits)
+        self.router_monitor = self.router.get_monitor_socket(HANDSHAKE_FAILED)
         self.port = bind_random(self.router, env.node_host)
         self.sched = configure(self.ctx.socket(zmq.DEALER), self.limits)
         # the scheduler's connection closing means it is gone: ZeroMQ tells at once
@@ -431,6 +434,7 @@ class Server:
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.sched, zmq.POLLIN)
         poller.register(self.sched_monitor, zmq.POLLIN)
+        poller.register(self.router_monitor, zmq.POLLIN)
         while self.running:
             until_timer = self._run_timers()
             events = dict(poller.poll(max(0, min(500, int(until_timer * 1000) + 1))))
@@ -459,6 +463,8 @@ class Server:
                         break
                     self.handle_scheduler(frames)
             self.send_value_replies()
+            if self.router_monitor in events:
+                self.count_refused_handshakes()
             if self.running and self.sched_monitor in events and self._scheduler_gone():
                 log.error("server %d: the scheduler at %s closed its connection; stopping",
                           self.rank, self.env.scheduler_address)
@@ -479,9 +485,17 @@ class Server:
                 return gone
             gone = gone or event["event"] == zmq.EVENT_DISCONNECTED
 
+    def count_refused_handshakes(self) -> None:
+        while True:
+            try:
+                self.guard.note(recv_monitor_message(self.router_monitor, zmq.NOBLOCK)["event"])
+            except zmq.Again:
+                return
+
     def finish(self) -> None:
         if self.env.metrics_dir:
             write_json(self.env.metrics_dir, f"server-{self.rank}.json", self.stats())
+        self.guard.stop()
         self.ctx.destroy(0)
 
     def handle(self, frames) -> None:
@@ -1070,14 +1084,17 @@ class Server:
         self.reply(ident, header["seq"], {"stats": self.stats()}, worker=header["worker"])
 
     def stats(self) -> dict:
+        self.count_refused_handshakes()
         out = self.metrics.to_dict()
         out["blocks"] = len(self.slots)   # blocks of keys this server holds
         # the sets of blocks one policy decides for: a push naming only some of a set splits
         # it for good, and each set costs its own policy call, sums and kernel calls a push
         out["groups"] = len(self.groups)
         # messages refused before they were served, by reason (unauthenticated, replayed,
-        # misaddressed, oversized), and authenticated ones that did not fit the schema
-        out["rejected"] = {**self.codec.rejected, "malformed": self.malformed}
+        # misaddressed, oversized), and authenticated ones that did not fit the schema;
+        # connections refused at the handshake
+        out["rejected"] = {**self.codec.rejected, "malformed": self.malformed,
+                           **({"handshake": self.guard.refused} if self.guard.refused else {})}
         if self.faults.active:
             out["faults"] = self.faults.to_dict()
         if self.handler is not None:

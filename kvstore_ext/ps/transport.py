@@ -25,7 +25,10 @@ connection that announces a frame above ``max_frame_bytes``
 past ``max_frames`` frames.  Liveness is ZeroMQ's too (:func:`configure`):
 ZMTP heartbeats run in ZeroMQ's I/O thread, so a busy event loop or a long
 call holding the GIL does not look like a dead peer, while a closed or silent
-connection shows up at once as a socket-monitor event.
+connection shows up at once as a socket-monitor event.  Before all of this, a
+connection is accepted only with the job's handshake password or CURVE key
+(:func:`configure`, :class:`HandshakeGuard`): ZeroMQ holds memory for a connection
+(its queue, an unfinished message) before Python reads a byte of it.
 """
 from __future__ import annotations
 
@@ -468,6 +471,9 @@ class Limits:
     heartbeat_timeout: float = 10.0
     #: ZeroMQ CURVE secret key (Z85) of the job, or None: plain TCP with per-message tags
     curve_key: bytes | None = None
+    #: without CURVE, the password (derived from the job secret) of ZeroMQ's PLAIN handshake,
+    #: or None: every peer may connect
+    handshake_password: bytes | None = None
 
     @classmethod
     def for_job(cls, env) -> "Limits":
@@ -486,7 +492,9 @@ class Limits:
         if curve and not secret:
             raise ValueError(f"{jobenv.CURVE} needs the job secret")
         key = curve_secret_key(secret) if curve else None
-        return cls(int(frame_mb * 2 ** 20), frames, heartbeat_interval, heartbeat_timeout, key)
+        password = handshake_password(secret) if secret and not curve else None
+        return cls(int(frame_mb * 2 ** 20), frames, heartbeat_interval, heartbeat_timeout, key,
+                   password)
 
 
 def curve_secret_key(secret: bytes) -> bytes:
@@ -496,14 +504,31 @@ def curve_secret_key(secret: bytes) -> bytes:
     return z85.encode(hashlib.blake2b(secret, digest_size=32, person=b"kvx-curve").digest())
 
 
+#: ZAP domain and PLAIN user name of every job's handshake (the password is the job's own)
+HANDSHAKE_DOMAIN = "kvstore_ext"
+HANDSHAKE_USER = b"kvstore_ext"
+
+
+def handshake_password(secret: bytes) -> bytes:
+    """The password of the job's PLAIN handshake: one-way from the secret, so seeing it on
+    the wire lets a peer connect but never forge a message (the tags need the secret)."""
+    return hashlib.blake2b(secret, digest_size=32, person=b"kvx-plain").hexdigest().encode()
+
+
 def configure(sock: zmq.Socket, limits: Limits) -> zmq.Socket:
-    """Size limit, ZMTP heartbeats and, if asked, CURVE on a socket (before it binds or connects).
+    """Size limit, ZMTP heartbeats and the handshake on a socket (before it binds or connects).
 
     The heartbeats are answered by ZeroMQ's I/O thread, which needs no GIL: a
     peer is only timed out when its process is gone or its host unreachable.
     With CURVE, every connection is authenticated and encrypted by ZeroMQ
     (binding sockets are CURVE servers); a peer without the job's key is refused
-    during the handshake, before any of its messages is read or held.
+    during the handshake, before any of its messages is read or held.  Without
+    CURVE, binding sockets are PLAIN servers whose :class:`HandshakeGuard` refuses a
+    peer without the job's password the same way, at no cost per byte: ZeroMQ holds
+    nothing for a connection it has not accepted (an unfinished message of large
+    frames, a queue per reconnecting socket).  The password crosses the network in
+    clear, so a peer that can read the job's traffic gets past it; the per-message tags
+    and counters still refuse all it sends.
     """
     if limits.curve_key is not None:
         public = zmq.curve_public(limits.curve_key)
@@ -514,6 +539,13 @@ def configure(sock: zmq.Socket, limits: Limits) -> zmq.Socket:
             sock.curve_serverkey = public
             sock.curve_publickey = public
             sock.curve_secretkey = limits.curve_key
+    elif limits.handshake_password is not None:
+        if sock.type == zmq.ROUTER:
+            sock.plain_server = True
+            sock.zap_domain = HANDSHAKE_DOMAIN.encode()
+        else:
+            sock.plain_username = HANDSHAKE_USER
+            sock.plain_password = limits.handshake_password
     sock.setsockopt(zmq.MAXMSGSIZE, limits.max_frame_bytes)
     sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(limits.heartbeat_interval * 1000)))
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(limits.heartbeat_timeout * 1000)))
@@ -522,6 +554,49 @@ def configure(sock: zmq.Socket, limits: Limits) -> zmq.Socket:
     # stopped right after it registered) is timed out by this instead (ZeroMQ's default: 30 s)
     sock.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(limits.heartbeat_timeout * 1000)))
     return sock
+
+
+#: socket-monitor events of a connection refused at the handshake (wrong password or key,
+#: another mechanism, a malformed greeting)
+HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+class HandshakeGuard:
+    """The handshake of one context's binding sockets.  Without CURVE it runs ZeroMQ's
+    authentication handler (ZAP), which checks the PLAIN password of each new connection
+    in a thread of its own, at connection time only; start it before the sockets bind
+    (without it ZeroMQ refuses every PLAIN peer).  ``refused`` counts the connections
+    refused at the handshake, as the sockets' monitors report them (:meth:`note`)."""
+
+    def __init__(self, ctx: zmq.Context, limits: Limits):
+        self.refused = 0
+        self._auth = None
+        if limits.curve_key is None and limits.handshake_password is not None:
+            from zmq.auth.thread import ThreadAuthenticator
+
+            class Authenticator(ThreadAuthenticator):
+                def _authenticate_plain(self, domain, username, password):
+                    # in constant time, unlike the library's ==
+                    ok = (domain == HANDSHAKE_DOMAIN
+                          and hmac.compare_digest(username.encode(), HANDSHAKE_USER)
+                          and hmac.compare_digest(password.encode(), limits.handshake_password))
+                    return ok, b"" if ok else b"not this job's handshake password"
+
+            self._auth = Authenticator(ctx)
+            self._auth.start()
+
+    def note(self, event: int) -> bool:
+        """Count ``event`` (a socket-monitor event) if it is a refused handshake."""
+        refused = bool(event & HANDSHAKE_FAILED)
+        self.refused += refused
+        return refused
+
+    def stop(self) -> None:
+        """Stop the handler thread (before its context is destroyed)."""
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
 
 
 def recv_message(sock: zmq.Socket, max_frames: int):

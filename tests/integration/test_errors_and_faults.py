@@ -1,6 +1,7 @@
 """Bad input, forged messages and dead workers, with real processes."""
 import os
 import re
+import secrets
 import signal
 import sys
 import time
@@ -111,6 +112,24 @@ def test_a_worker_whose_script_raises_stops_the_job_with_the_exception(tmp_path)
         assert re.search(r"WorkerLostError: worker 1 died \(it stopped because its script "
                          r"raised RuntimeError: a bug in the script at round 3\)", out), out
         assert float(re.search(r"stopped at [\d.]+ after ([\d.]+) s", out).group(1)) < 30, out
+    finally:
+        job.kill()
+
+
+def test_a_worker_with_another_jobs_secret_is_told_so_at_once(tmp_path):
+    """Worker 1 has another job's ``KVX_SECRET``: the scheduler refuses its connection at the
+    handshake.  Before, its messages were dropped unread and it waited out the start timeout
+    (600 s by default), then said the job did not start."""
+    other = secrets.token_hex(32)
+    job = ManualJob(tmp_path, 2, "fail", ["dist_bsp", "20"], worker_env={1: {"KVX_SECRET": other}})
+    try:
+        t0 = time.monotonic()
+        assert job.workers[1].wait(timeout=60) == 1, job.output(1)
+        assert time.monotonic() - t0 < 30
+        out = job.output(1)
+        assert re.search(r"KVStoreError: the scheduler at tcp://127\.0\.0\.1:\d+ refused this "
+                         r"process's connection at the handshake: it belongs to another job, or "
+                         r"this process's KVX_SECRET \(or KVX_CURVE\) is not the job's", out), out
     finally:
         job.kill()
 

@@ -15,6 +15,7 @@ import zmq
 
 import kvstore_ext
 from kvstore_ext import KVStoreError
+from kvstore_ext.ps.transport import HANDSHAKE_USER
 
 
 class Boom:
@@ -67,9 +68,11 @@ def main():
             lambda: conn.request({0: ({"op": "push", "items": [[0, 0, "<f4", 5]]},
                                       [np.ones(5, np.float32)])}),
             "5 elements", "key 0", "holds 6")
-        # an attacker without the secret: raw pickles to the server's port
+        # an attacker without the secret (that saw the handshake's password on the wire):
+        # raw pickles to the server's port
         proof = out + ".unpickled"
         sock = conn.ctx.socket(zmq.DEALER)
+        sock.plain_username, sock.plain_password = HANDSHAKE_USER, conn.limits.handshake_password
         sock.connect(conn.topology["servers"][0])
         boom = pickle.dumps(Boom(proof))
         sock.send_multipart([boom, boom])

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import kvstore_ext  # noqa: F401
 from kvstore_ext.ps.protocol import check_request
 from kvstore_ext.ps.scheduler import OPS, ROLES
-from kvstore_ext.ps.transport import Codec
+from kvstore_ext.ps.transport import Codec, configure
 
 LR = 2.0 ** -6
 OPS_SERVER = ["init", "push", "pushpull", "pull", "set_optimizer", "set_lr", "get_states",
@@ -97,7 +97,7 @@ def main():
                    "scheduler": (conn.env.scheduler_address, "scheduler")}
         socks = {}
         for name, (address, _) in targets.items():
-            socks[name] = ctx.socket(zmq.DEALER)
+            socks[name] = configure(ctx.socket(zmq.DEALER), conn.limits)   # holds the secret
             socks[name].setsockopt(zmq.SNDHWM, 100000)
             socks[name].connect(address)
         outbox = codec.outbox()

@@ -1,8 +1,8 @@
 """Capture real messages off the wire and play them again, as someone without the secret can.
 
 Worker 1 records the exact frames of one of its pushes, one barrier request and one
-heartbeat (what a sniffer on the network sees) and hands them to worker 0 through a
-file.  Worker 0 re-sends each of them ``--copies`` times from a socket of its own, while
+heartbeat (what a sniffer on the network sees, with the handshake password, which crosses
+in clear) and hands them to worker 0 through a file.  Worker 0 re-sends each of them ``--copies`` times from a socket of its own, while
 worker 1 is held back before its next barrier.  Then both check that no replayed push
 was applied, that the replayed barrier released nobody early, and print what the
 servers counted.
@@ -19,6 +19,7 @@ import numpy as np
 import zmq
 
 import kvstore_ext  # noqa: F401
+from kvstore_ext.ps.transport import HANDSHAKE_USER
 
 LR = 2.0 ** -4
 HOLD = 2.0
@@ -66,7 +67,7 @@ def main():
             time.sleep(0.05)
         link.hb = sent
         with open(capture + ".tmp", "wb") as f:
-            pickle.dump({"push": pushes[0], "barrier": barriers[-1], "heartbeat": hb_frames[0],
+            pickle.dump({"password": conn.limits.handshake_password, "push": pushes[0], "barrier": barriers[-1], "heartbeat": hb_frames[0],
                          "server": conn.topology["servers"][0],
                          "scheduler": conn.env.scheduler_address}, f)
         os.replace(capture + ".tmp", capture)
@@ -81,14 +82,19 @@ def main():
         with open(capture, "rb") as f:
             captured = pickle.load(f)
         ctx = zmq.Context()
-        for what, target in (("push", "server"), ("heartbeat", "scheduler")):
+
+        def attacker():
             sock = ctx.socket(zmq.DEALER)
+            sock.plain_username, sock.plain_password = HANDSHAKE_USER, captured["password"]
+            return sock
+        for what, target in (("push", "server"), ("heartbeat", "scheduler")):
+            sock = attacker()
             sock.connect(captured[target])
             for _ in range(args.copies):
                 sock.send_multipart(captured[what])
             sock.close(linger=1000)
         kv.barrier()                       # 2
-        sock = ctx.socket(zmq.DEALER)
+        sock = attacker()
         sock.connect(captured["scheduler"])
         for _ in range(args.copies):
             sock.send_multipart(captured["barrier"])

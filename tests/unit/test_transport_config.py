@@ -218,6 +218,53 @@ def test_oversized_frames_and_too_many_frames_are_refused_before_they_are_read()
         ctx.destroy(0)
 
 
+def test_the_handshake_admits_the_jobs_password_only_and_counts_the_others():
+    """Without CURVE a binding socket is a PLAIN server whose guard checks the password
+    derived from the job secret: a peer with another job's, or none, never gets a message
+    in, and is counted."""
+    import zmq
+
+    from zmq.utils.monitor import recv_monitor_message
+
+    from kvstore_ext.ps.transport import (HANDSHAKE_FAILED, HandshakeGuard, Limits, configure,
+                                          handshake_password)
+    ctx = zmq.Context()
+    job = Limits(handshake_password=handshake_password(SECRET))
+    guard = HandshakeGuard(ctx, job)
+    try:
+        router = configure(ctx.socket(zmq.ROUTER), job)
+        monitor = router.get_monitor_socket(HANDSHAKE_FAILED)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        other = Limits(handshake_password=handshake_password(bytes(32)))
+        for limits, admitted in ((other, False), (Limits(), False), (job, True)):
+            dealer = configure(ctx.socket(zmq.DEALER), limits)
+            dealer.connect(f"tcp://127.0.0.1:{port}")
+            dealer.send(b"hello", zmq.NOBLOCK)
+            assert bool(router.poll(1000)) is admitted, limits
+            if admitted:
+                assert router.recv_multipart()[1:] == [b"hello"]
+            dealer.close(0)
+        while monitor.poll(200):
+            guard.note(recv_monitor_message(monitor)["event"])
+        assert guard.refused >= 2          # the wrong password and the missing one
+        assert handshake_password(SECRET) != handshake_password(bytes(32))
+        assert SECRET.hex().encode() not in handshake_password(SECRET)
+    finally:
+        guard.stop()
+        ctx.destroy(0)
+
+
+def test_limits_from_the_environment_carry_a_password_or_a_curve_key_not_both(monkeypatch):
+    from kvstore_ext import jobenv
+    from kvstore_ext.ps.transport import Limits, handshake_password
+    monkeypatch.delenv(jobenv.CURVE, raising=False)
+    plain = Limits.from_environ(secret=SECRET)
+    assert plain.handshake_password == handshake_password(SECRET) and plain.curve_key is None
+    monkeypatch.setenv(jobenv.CURVE, "1")
+    curve = Limits.from_environ(secret=SECRET)
+    assert curve.handshake_password is None and curve.curve_key is not None
+
+
 KERNEL_AFTER_AUTHENTICATION = """
 import time
 import numpy as np

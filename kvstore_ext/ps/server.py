@@ -60,9 +60,19 @@ class RoundFailed(Exception):
     job (:meth:`Server.fail`) and told every waiting worker; nothing more to answer."""
 
 
+def home_dtype(dtype) -> np.dtype:
+    """The dtype a server holds and updates keys of ``dtype`` in: float16 in float32, as
+    MXNet 1.9.1's servers do on every store whatever ``multi_precision`` says (its
+    ``store_realt_``; docs/mxnet_tests.md), so that a round's float16 gradients sum without
+    overflow and small updates are not rounded away.  Replies round back to ``dtype``."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
 class Slot:
     """One block of one key: where its weights and gradient live (views into the flat storage
-    of its dtype, :class:`~kvstore_ext.optimizers.FlatArrays`), and its :class:`Group`."""
+    of its dtype, :class:`~kvstore_ext.optimizers.FlatArrays` of :func:`home_dtype`), and its
+    :class:`Group`.  ``dtype`` is the key's: what is pushed and pulled."""
 
     __slots__ = ("key", "block", "shape", "dtype", "size", "home", "offset", "place", "weight",
                  "grad", "acc", "group")
@@ -166,7 +176,7 @@ class Group:
             if joined:
                 home = run.home
                 add_into(home.numpy("grad")[run.bounds[0]:run.bounds[-1]],
-                         np.frombuffer(b"".join(arrays[i:i + n]), dtype=home.dtype), first)
+                         np.frombuffer(b"".join(arrays[i:i + n]), dtype=slots[0].dtype), first)
             else:
                 for slot, buf in zip(slots, arrays[i:i + n]):
                     add_into(slot.acc, np.frombuffer(buf, dtype=slot.dtype), first)
@@ -192,21 +202,23 @@ class Route:
 
 def reply_runs(slots) -> list[tuple]:
     """How to copy the weights of ``slots`` for a reply: per run of adjacent blocks, its
-    storage, where it begins and ends, and each block's place in the copy."""
+    storage, where it begins and ends, each block's place in the copy, and the keys' dtype
+    (one per storage, :attr:`Server.homes`)."""
     out = []
     for run in storage_runs(slots):
         start = run[0].offset
         out.append((run[0].home, start, run[-1].offset + run[-1].size,
-                    [(s.offset - start, s.offset - start + s.size) for s in run]))
+                    [(s.offset - start, s.offset - start + s.size) for s in run], run[0].dtype))
     return out
 
 
 def snapshot(runs) -> list[np.ndarray]:
-    """Copies of the weights ``runs`` (from :func:`reply_runs`) describe, one copy per run:
-    a reply may leave after the weights have changed again."""
+    """Copies of the weights ``runs`` (from :func:`reply_runs`) describe, in the keys' dtype
+    (rounded to nearest, as MXNet's cast rounds), one copy per run: a reply may leave after
+    the weights have changed again."""
     values = []
-    for home, start, stop, cuts in runs:
-        taken = home.numpy("weight")[start:stop].copy()
+    for home, start, stop, cuts, dtype in runs:
+        taken = home.numpy("weight")[start:stop].astype(dtype)
         values.extend(taken[a:b] for a, b in cuts)
     return values
 
@@ -264,7 +276,7 @@ class Server:
         self.sched_monitor = self.sched.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.sched.connect(env.scheduler_address)
         self.slots: dict[tuple, Slot] = {}
-        self.homes: dict = {}            # dtype -> FlatArrays holding that dtype's blocks
+        self.homes: dict = {}   # key dtype -> FlatArrays holding its blocks (of home_dtype)
         self.groups: list[Group] = []
         self.group_epoch = 0             # rises whenever groups change (routes re-check)
         self.routes: dict[tuple, Route] = {}
@@ -705,7 +717,7 @@ class Server:
         from ..optimizers import FlatArrays
         home = self.homes.get(value.dtype)
         if home is None:
-            home = self.homes[value.dtype] = FlatArrays(value.dtype)
+            home = self.homes[value.dtype] = FlatArrays(home_dtype(value.dtype))
         moves = home.generation
         offset = home.add(value.size)
         if home.generation != moves:   # the storage moved: its blocks take new views

@@ -10,8 +10,9 @@ tests); gluon.Trainer's step and its update_on_kvstore choices.  Every value mus
 what MXNet's own store gave in the same run.  Then what kvstore_ext refuses by design
 (row_sparse storage, row_sparse_pull, gradient compression) must be refused at the call with
 an error naming the feature, the key or parameter, and the store, and the store must go on
-working afterwards.  ``scripts/mxnet_kvstore_tests.py`` runs MXNet's own test files
-(docs/mxnet_tests.md).
+working afterwards.  Float16 keys are compared bit for bit on their own
+(``tests/jobs/float16_home.py``).  ``scripts/mxnet_kvstore_tests.py`` runs MXNet's own test
+files (docs/mxnet_tests.md).
 """
 import os
 
@@ -72,3 +73,35 @@ def test_stores_answer_mxnet_kvstore_calls_as_mxnet_stores_do(run_job, tmp_path,
     assert ours[0]["pull_unknown_key"].startswith("KVStoreError: key 777 has not been initialised")
     assert ours[0]["push_wrong_shape"] == ("KVStoreError: key 3: pushed shape (3, 3), but the key "
                                            "was initialised with shape (2, 3)")
+
+
+FLOAT16 = os.path.join(JOBS, "float16_home.py")
+#: keys of 20,000 elements or more are split over the servers, on both sides (a smaller job)
+SPLIT_SMALL = ["--env", "MXNET_KVSTORE_BIGARRAY_BOUND:20000", "--env", "KVX_BIGARRAY_BOUND:20000"]
+
+
+@pytest.mark.parametrize("mxnet_store,stores,n", [("dist_sync", ["dist_bsp", "dist_psp"], 2),
+                                                  ("dist_async", ["dist_asp"], 1)])
+def test_float16_keys_are_summed_and_updated_in_float32_as_on_mxnet_stores(
+        run_job, tmp_path, mxnet_store, stores, n):
+    """The same float16 weights, bit for bit, as MXNet's store in the same run, which sums
+    and updates them in float32: gradients of 40,000 from two workers (their sum is past
+    float16's largest value), and SGD with momentum whose steps are often below half a
+    float16 step of the weights."""
+    def reports(store, *options):
+        out = str(tmp_path / store)
+        code, log = run_job(n, 2, [FLOAT16, store, out], *options, *SPLIT_SMALL, timeout=120)
+        assert code == 0, log[-3000:]
+        return [read_json(f"{out}.{rank}.json") for rank in range(n)]
+
+    native = reports(mxnet_store, "--backend", "mxnet")
+    # MXNet's weights are finite: -lr * (sum of the gradients) * rescale_grad = -0.05 * 40,000
+    assert native[0]["overflow_value"] == -2000.0, "MXNet's server no longer sums float16 " \
+        "in float32 with multi_precision=False (its flag is uninitialised: docs/mxnet_tests.md)"
+    assert native[0]["overflow"][1][1] == 0   # no value of the split key is inf or NaN
+    assert native[0]["moved"] > 0
+    for store in stores:
+        ours = reports(store)
+        for rank in range(n):
+            for check in ["overflow", "overflow_value", "sgd_momentum", "moved"]:
+                assert ours[rank][check] == native[rank][check], (store, rank, check)

@@ -152,7 +152,7 @@ def test_replies_copy_each_run_once_and_keep_their_copy():
     a, b, c = make_slots([2, 3, 4], home=home)
     home.numpy("weight")[:9] = np.arange(9)
     runs = reply_runs([a, b, c])
-    assert [(start, stop) for _, start, stop, _ in runs] == [(0, 9)]
+    assert [(start, stop) for _, start, stop, _, _ in runs] == [(0, 9)]
     values = snapshot(runs)
     assert [v.tolist() for v in values] == [[0, 1], [2, 3, 4], [5, 6, 7, 8]]
     home.numpy("weight")[:9] = -1

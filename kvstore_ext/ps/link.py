@@ -22,7 +22,6 @@ import threading
 import time
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from .. import engine, jobenv
 from ..jobenv import JobEnv
@@ -30,8 +29,8 @@ from ..stalls import POOL_WAIT, PEER_HUNG, after_seconds, look_period, report
 from ..registry import StoreConfig, lookup as lookup_store
 from ..errors import (JobAbortedError, KVStoreError, NodeLostError, SchedulerLostError,  # noqa: F401
                      ServerLostError, WorkerLostError)
-from .transport import (AuthError, Codec, Limits, Packed, configure, message_size_problem,
-                        new_context, receive_until)
+from .transport import (AuthError, Codec, Limits, Packed, configure, disconnected,
+                        message_size_problem, monitor_events, new_context, receive_until)
 from .protocol import Op
 
 log = logging.getLogger("kvstore_ext")
@@ -337,21 +336,6 @@ def note_uncaught() -> None:
     sys.excepthook = hook
 
 
-def monitor_events(monitor) -> set[int]:
-    """The kinds of event a socket monitor reported since the last look."""
-    seen = set()
-    while True:
-        try:
-            seen.add(recv_monitor_message(monitor, zmq.NOBLOCK)["event"])
-        except zmq.Again:
-            return seen
-
-
-def disconnected(monitor) -> bool:
-    """Whether the socket a monitor watches lost a connection since the last look."""
-    return zmq.EVENT_DISCONNECTED in monitor_events(monitor)
-
-
 #: a connection the peer refused at the handshake: not the job's password (or key), or
 #: CURVE on one side only
 HANDSHAKE_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -544,13 +528,20 @@ class Connection:
             reply = receive_until(self.sched, self.sched_in, min(deadline, time.monotonic() + 0.2))
             if reply is not None or time.monotonic() >= deadline:
                 break
-            if any(event & HANDSHAKE_REFUSED for event in monitor_events(monitor)):
+            events = monitor_events(monitor)
+            if any(event & HANDSHAKE_REFUSED for event in events):
                 self.ctx.destroy(0)
                 self.closed = True
                 raise KVStoreError(
                     f"the scheduler at {self.env.scheduler_address} refused this process's "
                     f"connection at the handshake: it belongs to another job, or this "
                     f"process's {jobenv.SECRET} (or {jobenv.CURVE}) is not the job's")
+            if zmq.EVENT_DISCONNECTED in events:   # gone, or frozen: it holds our registration
+                self.ctx.destroy(0)
+                self.closed = True
+                who = f"the scheduler at {self.env.scheduler_address}"
+                raise SchedulerLostError(f"{connection_lost(who, self.env.heartbeat_timeout)} "
+                                         f"before the job started")
         if reply is None:
             self.ctx.destroy(0)
             self.closed = True

@@ -27,12 +27,11 @@ from .faults import FaultPlan
 from .heap import keep_freed_buffers
 from ..metrics import ServerMetrics, write_json
 from ..policies.base import MAX_REPLY_HOLD_S
-from zmq.utils.monitor import recv_monitor_message
 
 from .protocol import BLOCK, DTYPE, INIT_SIZE, KEY, SHAPE, SIZE, Op, check_request
 from .transport import (HANDSHAKE_FAILED, AuthError, Codec, HandshakeGuard, Limits, Packed,
-                        array_from_buffer, bind_random, configure, new_context, receive_until,
-                        recv_message)
+                        array_from_buffer, bind_random, configure, disconnected, monitor_events,
+                        new_context, receive_until, recv_message)
 
 log = logging.getLogger("kvstore_ext.server")
 
@@ -447,6 +446,7 @@ class Server:
         poller.register(self.sched, zmq.POLLIN)
         poller.register(self.sched_monitor, zmq.POLLIN)
         poller.register(self.router_monitor, zmq.POLLIN)
+        scheduler_lost_at = None
         while self.running:
             until_timer = self._run_timers()
             events = dict(poller.poll(max(0, min(500, int(until_timer * 1000) + 1))))
@@ -477,32 +477,27 @@ class Server:
             self.send_value_replies()
             if self.router_monitor in events:
                 self.count_refused_handshakes()
-            if self.running and self.sched_monitor in events and self._scheduler_gone():
+            if self.running and scheduler_lost_at is None and self.sched_monitor in events \
+                    and disconnected(self.sched_monitor):
                 log.error("server %d: the scheduler at %s closed its connection; stopping",
                           self.rank, self.env.scheduler_address)
                 self.fail(kind="scheduler_lost", message=f"the scheduler at "
                           f"{self.env.scheduler_address} is gone (its "
                           f"connection closed); the job stops")
+                scheduler_lost_at = time.monotonic()
+            # the workers' own connections to a frozen scheduler time out about when this
+            # one did, some a little later: until theirs have, every request is answered
+            # with the scheduler's loss, so that no worker blames this server's exit
+            if scheduler_lost_at is not None and \
+                    time.monotonic() - scheduler_lost_at > self.env.heartbeat_timeout:
                 self.finish()
                 return 1
         self.finish()
         return 0
 
-    def _scheduler_gone(self) -> bool:
-        gone = False
-        while True:
-            try:
-                event = recv_monitor_message(self.sched_monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return gone
-            gone = gone or event["event"] == zmq.EVENT_DISCONNECTED
-
     def count_refused_handshakes(self) -> None:
-        while True:
-            try:
-                self.guard.note(recv_monitor_message(self.router_monitor, zmq.NOBLOCK)["event"])
-            except zmq.Again:
-                return
+        for event in monitor_events(self.router_monitor):
+            self.guard.note(event)
 
     def finish(self) -> None:
         if self.env.metrics_dir:

@@ -562,6 +562,22 @@ HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_F
                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
 
+def monitor_events(monitor) -> list[int]:
+    """The events a socket monitor reported since the last look, in order."""
+    from zmq.utils.monitor import recv_monitor_message
+    seen = []
+    while True:
+        try:
+            seen.append(recv_monitor_message(monitor, zmq.NOBLOCK)["event"])
+        except zmq.Again:
+            return seen
+
+
+def disconnected(monitor) -> bool:
+    """Whether the socket a monitor watches lost a connection since the last look."""
+    return zmq.EVENT_DISCONNECTED in monitor_events(monitor)
+
+
 class HandshakeGuard:
     """The handshake of one context's binding sockets.  Without CURVE it runs ZeroMQ's
     authentication handler (ZAP), which checks the PLAIN password of each new connection

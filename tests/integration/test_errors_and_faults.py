@@ -134,6 +134,52 @@ def test_a_worker_with_another_jobs_secret_is_told_so_at_once(tmp_path):
         job.kill()
 
 
+def test_a_frozen_scheduler_is_named_by_every_worker_not_the_server_that_stopped(tmp_path):
+    """The scheduler is frozen (SIGSTOP) while 2 workers train.  The server's connection to it
+    times out first (its heartbeat timeout is 1 s, the workers' 4 s), and it stops.  Before,
+    it exited at once, and each worker whose own connection had not yet timed out blamed the
+    server (ServerLostError: server 0 closed its connection; 3 of 8 with equal timeouts)."""
+    slow = {"KVX_HEARTBEAT_TIMEOUT": "4"}
+    job = ManualJob(tmp_path, 2, "fail", ["dist_asp", "1000000", "-1"], heartbeat_timeout=1.0,
+                    worker_env={0: slow, 1: slow})
+    try:
+        assert wait_until(lambda: all(f"worker {r} started" in job.output(r) for r in (0, 1)),
+                          60)
+        time.sleep(1.0)
+        os.kill(job.scheduler.pid, signal.SIGSTOP)
+        for rank in (0, 1):
+            assert job.workers[rank].wait(timeout=60) == 4, job.output(rank)
+            out = job.output(rank)
+            assert re.search(r"SchedulerLostError: the scheduler at tcp://127\.0\.0\.1:\d+ "
+                             r"(is gone|closed its connection)", out), out
+        assert job.servers[0].wait(timeout=30) == 1
+    finally:
+        os.kill(job.scheduler.pid, signal.SIGCONT)
+        job.kill()
+
+
+def test_a_scheduler_frozen_before_the_start_is_named_at_the_heartbeat_timeout(tmp_path):
+    """Worker 0 has registered; the job waits for worker 1 (refused: another job's secret)
+    when the scheduler freezes.  Before, worker 0 waited out the start timeout (600 s by
+    default) and then said the job did not start; now its connection's heartbeats say it."""
+    job = ManualJob(tmp_path, 2, "fail", ["dist_bsp", "20"],
+                    worker_env={1: {"KVX_SECRET": secrets.token_hex(32)}})
+    try:
+        assert job.workers[1].wait(timeout=60) == 1, job.output(1)
+        time.sleep(1.0)
+        os.kill(job.scheduler.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        assert job.workers[0].wait(timeout=60) == 1, job.output(0)
+        assert time.monotonic() - t0 < 20
+        out = job.output(0)
+        assert re.search(r"SchedulerLostError: the scheduler at tcp://127\.0\.0\.1:\d+ closed its "
+                         r"connection: it exited or was killed, or its host stopped answering for "
+                         r"2 s before the job started", out), out
+    finally:
+        os.kill(job.scheduler.pid, signal.SIGCONT)
+        job.kill()
+
+
 def test_a_worker_dying_while_the_others_wait_at_a_barrier_stops_them_there(tmp_path):
     """Worker 1 is killed while worker 0 waits at ``kv.barrier()``.  Before, the scheduler,
     seeing every live worker at the barrier, let it go with OK: the barrier returned as if

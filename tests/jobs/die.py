@@ -14,6 +14,7 @@ kv = mx.kv.create(sys.argv[1])
 kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1))
 w = mx.nd.zeros((4,))
 kv.init(0, w)
+print(f"worker {kv.rank} started", flush=True)
 rounds = int(sys.argv[2])
 die_at = int(sys.argv[3]) if len(sys.argv) > 3 else 3
 t0 = time.monotonic()

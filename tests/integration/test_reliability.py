@@ -157,11 +157,11 @@ def test_replayed_pushes_barriers_and_heartbeats_are_rejected(run_job, tmp_path,
 def test_floods_without_the_secret_never_reach_the_servers_memory(run_job):
     """A peer without the job's handshake password is refused before ZeroMQ holds anything
     of it: a 1 GiB frame, 1,000,000 empty frames, an unfinished message of 8 frames of 64 MB
-    (held by ZeroMQ until the message ends) and 4 s of small messages from sockets that keep
+    (held by ZeroMQ until the message ends) and 2 s of small messages from sockets that keep
     reconnecting (a queue per connection).  Before the handshake had a password, the frames
     took the server +574 MB, and 8 s of reconnecting messages +329 MB."""
     code, log = run_job(2, 1, [os.path.join(JOBS, "flood.py"), "--unfinished", "8",
-                               "--reconnecting", "4"], timeout=300)
+                               "--reconnecting", "2"], timeout=300)
     assert code == 0, log[-3000:]
     result = tagged(log, "FLOOD")[0]
     assert result["exact"], result
@@ -173,6 +173,7 @@ def test_floods_without_the_secret_never_reach_the_servers_memory(run_job):
     assert refused.get("handshake", 0) >= 1, log[-3000:]      # the scheduler's too
 
 
+@pytest.mark.long
 def test_floods_from_a_peer_that_saw_the_handshake_leave_the_job_and_memory_alone(run_job):
     """Past the handshake (its password crosses in clear), the message checks stand."""
     code, log = run_job(2, 1, [os.path.join(JOBS, "flood.py"), "--sniffed"], timeout=300)

@@ -302,6 +302,16 @@ def sgd_step(weight: np.ndarray, grad: np.ndarray, mom, scratch: np.ndarray, lr:
         w += m
 
 
+def home_dtype(dtype) -> np.dtype:
+    """The dtype a server holds and updates keys of ``dtype`` in: float16 in float32, as
+    MXNet 1.9.1's servers do on every store whatever ``multi_precision`` says (its
+    ``store_realt_``; docs/mxnet_tests.md), so that a round's float16 gradients sum without
+    overflow and small updates are not rounded away.  Replies round back to ``dtype``.  The
+    real servers and the virtual-time ones both hold their blocks so."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
 class FlatArrays:
     """Blocks of one dtype held back to back: one flat NDArray per role (``"weight"``,
     ``"grad"``, an optimizer's ``"momentum"``), every block a view at its offset.  Adjacent

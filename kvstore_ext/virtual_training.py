@@ -124,16 +124,16 @@ class ServerState:
     (every version under PSP, whose workers may read one later), one copy per dtype."""
 
     def __init__(self, index: int, blocks, values: dict, optimizer):
-        from .optimizers import FlatArrays, Run
+        from .optimizers import FlatArrays, Run, home_dtype
         self.index = index
         self.blocks = blocks                    # Partitioner blocks held here, in this order
-        self.homes: dict = {}                   # dtype -> FlatArrays
-        self.places = []                        # per block: (dtype, offset in its home)
+        self.homes: dict = {}                   # key dtype -> FlatArrays (of home_dtype)
+        self.places = []                        # per block: (key dtype, offset in its home)
         for b in blocks:
             dtype = values[b.key].dtype
             home = self.homes.get(dtype)
             if home is None:
-                home = self.homes[dtype] = FlatArrays(dtype)
+                home = self.homes[dtype] = FlatArrays(home_dtype(dtype))
             self.places.append((dtype, home.add(b.size)))
         for b, (dtype, offset) in zip(blocks, self.places):
             self.homes[dtype].numpy("weight")[offset:offset + b.size] = \
@@ -156,9 +156,10 @@ class ServerState:
         return {dtype: home.array("weight")[:home.used] for dtype, home in self.homes.items()}
 
     def snapshot(self) -> dict:
-        """A read-only copy of the weights at the current version, dtype -> flat NDArray."""
+        """A read-only copy of the weights at the current version, dtype -> flat NDArray, in
+        the keys' dtype (a float16 key's rounded once, as a real server's reply is)."""
         if self._snapshot is None or self._snapshot[0] != self.version:
-            self._snapshot = (self.version, {dtype: weights.copy()
+            self._snapshot = (self.version, {dtype: weights.astype(dtype)
                                              for dtype, weights in self.live().items()})
         return self._snapshot[1]
 
@@ -173,9 +174,9 @@ class ServerState:
         into) pairs."""
         for grad, acc in segments:
             if self.gathered:
-                acc += grad
+                acc += grad if grad.dtype == acc.dtype else grad.astype(acc.dtype)
             else:
-                grad.copyto(acc)
+                grad.copyto(acc)   # casts a float16 gradient into its float32 home
         self.gathered += 1
 
     def apply(self, pusher=None) -> None:

@@ -59,18 +59,10 @@ class RoundFailed(Exception):
     job (:meth:`Server.fail`) and told every waiting worker; nothing more to answer."""
 
 
-def home_dtype(dtype) -> np.dtype:
-    """The dtype a server holds and updates keys of ``dtype`` in: float16 in float32, as
-    MXNet 1.9.1's servers do on every store whatever ``multi_precision`` says (its
-    ``store_realt_``; docs/mxnet_tests.md), so that a round's float16 gradients sum without
-    overflow and small updates are not rounded away.  Replies round back to ``dtype``."""
-    dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype == np.float16 else dtype
-
-
 class Slot:
     """One block of one key: where its weights and gradient live (views into the flat storage
-    of its dtype, :class:`~kvstore_ext.optimizers.FlatArrays` of :func:`home_dtype`), and its
+    of its dtype, :class:`~kvstore_ext.optimizers.FlatArrays` of
+    :func:`~kvstore_ext.optimizers.home_dtype`), and its
     :class:`Group`.  ``dtype`` is the key's: what is pushed and pulled."""
 
     __slots__ = ("key", "block", "shape", "dtype", "size", "home", "offset", "place", "weight",
@@ -709,7 +701,7 @@ class Server:
         storage.  It joins the group of the blocks initialised before it while nothing has
         happened to that group (a new policy would start exactly where it stands), else it
         starts a group with a new policy."""
-        from ..optimizers import FlatArrays
+        from ..optimizers import FlatArrays, home_dtype
         home = self.homes.get(value.dtype)
         if home is None:
             home = self.homes[value.dtype] = FlatArrays(home_dtype(value.dtype))

@@ -32,3 +32,37 @@ def test_float16_gradients_are_summed_and_applied_in_float32(monkeypatch, store)
     reply = s.sent[2][3]
     assert np.frombuffer(b"".join(map(bytes, reply)), np.float16, count=3).tobytes() == \
         expected.tobytes()
+
+
+def test_the_virtual_time_server_holds_float16_keys_as_the_real_one_does(monkeypatch):
+    """The same rounds of float16 gradients (2 workers, SGD with momentum) through a real
+    server's code and through a virtual-time server: the same float16 bits pulled after
+    every round (both hold the key in float32: ``optimizers.home_dtype``)."""
+    from kvstore_ext.optimizers import ServerOptimizer
+    from kvstore_ext.ps.partition import Partitioner
+    from kvstore_ext.virtual_training import ServerState
+
+    def sgd():
+        return mx.optimizer.SGD(learning_rate=0.05, momentum=0.9, wd=1e-4, rescale_grad=0.5)
+    install(monkeypatch)
+    size = 301
+    real = make_server("dist_bsp", {}, 2, True, [size], [np.float16], optimizer=sgd)
+    start = real.slots[(0, 0)].weight.asnumpy().astype(np.float16)
+    virtual = ServerState(0, list(Partitioner(1, 1_000_000).blocks(0, size)), {0: start},
+                          ServerOptimizer(sgd(), "dist_bsp", False))
+    acc = virtual.homes[np.dtype(np.float16)].view("grad", 0, size)
+    rng = np.random.default_rng(7)
+    seq = 0
+    for _ in range(4):
+        grads = [rng.uniform(-0.05, 0.05, size).astype(np.float16) for _ in range(2)]
+        for worker, grad in enumerate(grads):
+            seq += 1
+            real.op_push(b"x", {"op": "pushpull", "seq": seq, "worker": worker,
+                                "items": items_of(real, [0])}, buffers_of([grad]))
+        real.send_value_replies()
+        for grad in grads:                 # one push, one gather
+            virtual.gather([(mx.nd.array(grad, dtype="float16"), acc)])
+        virtual.apply()
+        pulled = np.frombuffer(b"".join(map(bytes, real.sent[seq][3])), np.float16, count=size)
+        assert pulled.tobytes() == virtual.snapshot()[np.dtype(np.float16)].asnumpy().tobytes()
+    assert not np.array_equal(pulled, start)

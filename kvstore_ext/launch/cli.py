@@ -98,8 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ZeroMQ CURVE security for untrusted networks: every connection is "
                         "authenticated and encrypted with a key derived from the job secret, "
                         "and a peer without it is refused during the handshake, before it can "
-                        "make a node hold any data. Costs much more CPU per byte than the "
-                        "default per-message tags (see docs/reliability.md)")
+                        "make a node hold any data. Without it, a connection needs the job's "
+                        "password (derived from the secret), which crosses the network in "
+                        "clear, and every message carries a tag. Costs much more CPU per byte "
+                        "than the default (see docs/reliability.md)")
     p.add_argument("--max-frame-mb", type=float, default=512.0,
                    help="the largest array (message frame) any node accepts; ZeroMQ drops a "
                         "connection that announces a larger one before reading it. Raise it for "

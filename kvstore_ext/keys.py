@@ -19,6 +19,19 @@ def pairs(key, value, what: str = "value") -> list:
     return [(key, value)]
 
 
+def grouped_pairs(key, value, what: str = "value") -> list:
+    """:func:`pairs`, a key named more than once in a call merged into one pair that lists
+    all the arrays given for it, in order: as MXNet's stores group a call's pairs
+    (``GroupKVPairs``), a repeated key's pushes are summed and its outputs all filled."""
+    found = pairs(key, value, what)
+    if len(found) < 2:
+        return found
+    merged: dict = {}
+    for k, v in found:
+        merged.setdefault(k, []).extend(as_list(v))
+    return found if len(merged) == len(found) else list(merged.items())
+
+
 def check_key(key):
     """An int or str key (numpy integers become int); anything else is named in a TypeError."""
     if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer, str)):

@@ -37,6 +37,7 @@ from ..errors import KVStoreError
 from ..engine import SimulatedLink, probe, run as run_in_engine, settled_view
 from .params import MKLDNN_ENV
 from ..keys import MXNetCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
+from ..keys import grouped_pairs
 from ..keys import refuse_second_array, refuse_sparse
 from ..metrics import WorkerMetrics, write_json
 from .overlap import OverlapMeter
@@ -344,8 +345,8 @@ class HorovodStore(MXNetCalls, KVStoreBase):
         if self._updater is None:
             raise KVStoreError(f"{self._type} updates the weights itself: call set_optimizer first "
                                f"(gluon.Trainer does, with update_on_kvstore)")
-        outs = _pairs(key, value if out is None else out, "out array")
-        for i, (k, v) in enumerate(_pairs(key, value)):
+        outs = grouped_pairs(key, value if out is None else out, "out array")
+        for i, (k, v) in enumerate(grouped_pairs(key, value)):
             k = _check_key(k)
             st = self._state(k)
             g = self._gradient(k, st, v)
@@ -373,7 +374,7 @@ class HorovodStore(MXNetCalls, KVStoreBase):
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         if out is None:
             raise ValueError("pull needs out=")
-        for k, o in _pairs(key, out, "out array"):
+        for k, o in grouped_pairs(key, out, "out array"):
             k = _check_key(k)
             self._write_out(k, self._state(k), o)
 

@@ -40,6 +40,7 @@ from .link import Connection, unseen, when_answered
 from ..errors import KVStoreError
 from ..jobenv import NotInAJob
 from ..keys import MXNetCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
+from ..keys import grouped_pairs
 from ..keys import refuse_second_array, refuse_sparse
 from ..metrics import WorkerMetrics, write_json
 from .partition import Partitioner
@@ -230,8 +231,12 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         self._raise_deferred()
         items: dict[int, tuple[list, list]] = {}
         send_values = self.rank == 0
+        named = set()
         for k, v in _pairs(key, value):
             k = _check_key(k)
+            if k in named:   # MXNet's stores refuse it too
+                raise KVStoreError(f"{self.type}: key {k!r} is named twice in one init call")
+            named.add(k)
             refuse_sparse(self.type, k, v)
             kind = str if isinstance(k, str) else int
             if self._key_type is None:
@@ -299,13 +304,13 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
 
     def push(self, key, value, priority=0):
         """Push gradients; returns once the servers give OK (the store's synchronisation)."""
-        self._exchange(Op.PUSH, _pairs(key, value), None)
+        self._exchange(Op.PUSH, grouped_pairs(key, value), None)
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         """Pull weights into ``out``; like MXNet, the arrays are filled through the engine."""
         if out is None:
             raise ValueError("pull needs out=")
-        outs = _pairs(key, out, "out")
+        outs = grouped_pairs(key, out, "out")
         self._exchange(Op.PULL, [(k, None) for k, _ in outs], outs)
 
     def pushpull(self, key, value, out=None, priority=0):
@@ -321,8 +326,8 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
                     repeated.matches(value, value if out is None else out):
                 self._repeat(repeated)
                 return
-        pairs = _pairs(key, value)
-        outs = _pairs(key, out, "out") if out is not None else pairs
+        pairs = grouped_pairs(key, value)
+        outs = grouped_pairs(key, out, "out") if out is not None else pairs
         self._exchange(Op.PUSHPULL, pairs, outs)
 
     def _repeat(self, call: "RepeatedCall") -> None:

@@ -37,7 +37,7 @@ def test_stores_answer_mxnet_kvstore_calls_as_mxnet_stores_do(run_job, tmp_path,
     native = reports(run_job, tmp_path, mxnet_store, n, "--backend", "mxnet")
     ours = reports(run_job, tmp_path, store, n)
     compared = ["init", "push_pull", "list_calls", "device_lists", "broadcast", "call_forms",
-                "repeated_per_key", "trainer_step",
+                "repeated_per_key", "repeated_keys", "trainer_step",
                 "trainer_update_on_kvstore=None", "trainer_update_on_kvstore=True",
                 "trainer_update_on_kvstore=False", "after_refusals"]
     for rank in range(n):
@@ -73,6 +73,8 @@ def test_stores_answer_mxnet_kvstore_calls_as_mxnet_stores_do(run_job, tmp_path,
     assert ours[0]["pull_unknown_key"].startswith("KVStoreError: key 777 has not been initialised")
     assert ours[0]["push_wrong_shape"] == ("KVStoreError: key 3: pushed shape (3, 3), but the key "
                                            "was initialised with shape (2, 3)")
+    assert ours[0]["init_repeated_key"] == f"KVStoreError: {store}: key 720 is named twice in " \
+                                           f"one init call"
 
 
 FLOAT16 = os.path.join(JOBS, "float16_home.py")

@@ -177,6 +177,24 @@ def repeated_per_key():
 report["repeated_per_key"] = outcome(repeated_per_key)
 
 
+def repeated_keys():
+    """A key named twice in one list call: MXNet merges it (GroupKVPairs), so its pushes are
+    summed and every out is filled; a key split over the servers too."""
+    kv.init([710, 711], [mx.nd.zeros(SMALL), mx.nd.zeros(BIG)])
+    kv.push([710, 710, 711, 711], [mx.nd.ones(SMALL), mx.nd.ones(SMALL) * 2,
+                                   mx.nd.ones(BIG), mx.nd.ones(BIG) * 3])
+    outs = [mx.nd.zeros(SMALL), mx.nd.zeros(SMALL), mx.nd.zeros(BIG)]
+    kv.pull([710, 710, 711], out=outs)
+    got = [summary(o) for o in outs]
+    outs = [mx.nd.zeros(SMALL), mx.nd.zeros(BIG), mx.nd.zeros(SMALL)]
+    kv.pushpull([710, 711, 710], [mx.nd.ones(SMALL), mx.nd.ones(BIG), mx.nd.ones(SMALL) * 4],
+                out=outs)
+    return got + [summary(o) for o in outs]
+
+
+report["repeated_keys"] = outcome(repeated_keys)
+
+
 
 # -- bad calls: MXNet's dist_sync server aborts on a pull of a key never initialised ("init 777
 #    first"), which stops the job; kvstore_ext's stores raise an error on the worker ----------------
@@ -185,6 +203,7 @@ if not native:
                                          mx.nd.waitall())
     report["push_wrong_shape"] = outcome(lambda: kv.push(3, mx.nd.ones((3, 3))) or
                                          mx.nd.waitall())
+    report["init_repeated_key"] = outcome(lambda: kv.init([720, 720], [mx.nd.zeros(SMALL)] * 2))
 
 
 # -- gluon.Trainer on the store (MXNet's gluon_step_cpu and gluon_type_cpu) ------------------------

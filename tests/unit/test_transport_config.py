@@ -462,3 +462,15 @@ def test_a_staged_region_is_cut_into_the_frames_packing_its_arrays_would_give(ar
         codec = Codec(SECRET, names=["server:0"])
         _, opened = codec.open([bytes(f) for f in codec.seal({"op": "push"}, got, to="server:0")])
         assert [bytes(b) for b in opened] == [v.tobytes() for v in views]
+
+
+def test_a_key_named_twice_in_a_call_is_one_pair_of_all_its_arrays_in_order():
+    """As MXNet's GroupKVPairs: a repeated key's values are summed as one push, its outs all
+    filled; device lists flatten; a call without repeats is left as it is."""
+    from kvstore_ext.keys import grouped_pairs
+    a, b, c, d = "a", "b", "c", "d"          # stand-ins: grouping never looks inside
+    assert grouped_pairs([3, 4], [a, b]) == [(3, a), (4, b)]
+    assert grouped_pairs(3, a) == [(3, a)]
+    assert grouped_pairs([3, 3, 4, 3], [a, [b, c], d, a]) == [(3, [a, b, c, a]), (4, [d])]
+    with pytest.raises(ValueError, match="3 keys but 2 outs"):
+        grouped_pairs([3, 3, 4], [a, b], "out")

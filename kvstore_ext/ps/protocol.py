@@ -187,6 +187,10 @@ def check_request(header: dict, num_workers: int, valid_items: dict | None = Non
         lr = header.get("lr")
         if not valid_lr(lr):
             raise ProtocolError(f"set_lr: lr must be a finite number >= 0, got {lr!r:.80}")
+    if op == Op.SET_OPTIMIZER and not (isinstance(header.get("store", ""), str)
+                                       and len(header.get("store", "")) <= 64):
+        raise ProtocolError(f"set_optimizer: store must be a string of at most 64 characters, "
+                            f"got {header.get('store')!r:.80}")
     if op == Op.AWAY and type(header.get("away")) is not bool:
         raise ProtocolError(f"away: away must be true or false, got {header.get('away')!r:.80}")
     if op not in ITEM_OPS:

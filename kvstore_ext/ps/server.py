@@ -53,6 +53,10 @@ class RequestError(Exception):
     """A request this server refuses; the message goes back to the worker that sent it."""
 
 
+#: stores of one worker a server remembers as having sent the optimizer (a bound on memory)
+MAX_STORES_PER_WORKER = 64
+
+
 class RoundFailed(Exception):
     """An update failed part-way (a bad optimizer, or one of MXNet's that fails on its own
     states): the weights it touched are in no known state, so the server has stopped the
@@ -282,6 +286,8 @@ class Server:
         self.pooled = False   # dist_pool: a worker pool decides who computes (set at start)
         self.joined: set[int] = set()   # workers that joined the running job
         self.optimizer_blob: bytes | None = None
+        #: worker -> the stores of it that sent the optimizer in use (:meth:`op_set_optimizer`)
+        self.optimizer_senders: dict[int, set] = {}
         self.failure: str | None = None
         self.failure_kind = "error"
         self.running = True
@@ -1029,13 +1035,22 @@ class Server:
             raise RequestError(str(exc)) from None
 
     def op_set_optimizer(self, ident, header, buffers) -> None:
+        """Every worker's store sends its optimizer: the first copy installs it, another
+        worker's (or another store's) copy of the same one changes nothing, and a store that
+        sets it again starts it anew, states and update counts (MXNet's servers install a
+        fresh updater on every ``set_optimizer``)."""
         blob = bytes(buffers[0])
-        if self.optimizer_blob is not None and header["worker"] in self.joined:
+        worker, store = header["worker"], header.get("store", "")
+        if self.optimizer_blob is not None and worker in self.joined:
             pass   # a worker that joined runs with the job's optimizer and its states
-        elif blob != self.optimizer_blob:
+        elif blob != self.optimizer_blob or store in self.optimizer_senders.get(worker, ()):
             optimizer = pickle.loads(blob)   # authenticated by the job secret (see transport)
             self._use_updater(optimizer)
             self.optimizer_blob = blob
+            self.optimizer_senders = {}
+        senders = self.optimizer_senders.setdefault(worker, set())
+        if len(senders) < MAX_STORES_PER_WORKER:
+            senders.add(store)
         self.reply(ident, header["seq"], worker=header["worker"])
 
     def op_set_lr(self, ident, header, buffers) -> None:
@@ -1062,7 +1077,7 @@ class Server:
         states, optimizer = pickle.loads(bytes(buffers[0]))  # authenticated
         if optimizer is not None:
             self._use_updater(optimizer)
-            self.optimizer_blob = None
+            self.optimizer_blob, self.optimizer_senders = None, {}
         if self.optimizer is None:
             raise RequestError("set an optimizer before loading optimizer states")
         self.optimizer.set_states(states)

@@ -142,6 +142,9 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         self._key_type = None          # int or str: MXNet does not mix them in one store
         self._updater = None           # gluon.Trainer.load_states reads _updater.optimizer
         self._pending_optimizer = None  # set_optimizer's, held while another store owns keys
+        #: names this store to the servers: its optimizer sent again starts anew there, while
+        #: the same optimizer from another store (or worker) is taken as the one in use
+        self._store_id = os.urandom(6).hex()
         #: the optimizer whose ``lr`` the servers follow (the one gluon.Trainer holds), and the
         #: rate they were last given: MXNet's own stores never see a later change (apache/mxnet
         #: issue 15919); these send it before the next push
@@ -693,7 +696,7 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
     def _send_optimizer(self, optimizer) -> None:
         self._settle()
         blob = pickle.dumps(optimizer)
-        self._conn.request({s: ({"op": Op.SET_OPTIMIZER}, [blob])
+        self._conn.request({s: ({"op": Op.SET_OPTIMIZER, "store": self._store_id}, [blob])
                             for s in range(self.num_servers)})
         self._pending_optimizer = None
 

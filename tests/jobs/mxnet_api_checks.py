@@ -289,6 +289,22 @@ def after():
 
 
 report["after_refusals"] = outcome(after)
+
+
+def optimizer_set_again():
+    """kv.set_optimizer with an optimizer equal to the one in use starts it anew: MXNet's
+    servers install a fresh updater on every call, so Adam's moments and count restart."""
+    kv.init(730, mx.nd.ones(SMALL))
+    got = []
+    for step in range(5):
+        if step in (0, 3):
+            kv.set_optimizer(mx.optimizer.create("adam", learning_rate=0.1))
+        kv.push(730, mx.nd.ones(SMALL) * (step + 1))
+        got.append(pulled(730, SMALL))
+    return got
+
+
+report["optimizer_set_again"] = outcome(optimizer_set_again)
 kv._barrier()
 with open(f"{out}.{rank}.json", "w") as f:
     json.dump(report, f)

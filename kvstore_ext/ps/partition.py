@@ -8,6 +8,7 @@ its size alone.
 """
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
@@ -46,5 +47,7 @@ class Partitioner:
         n = self.num_servers
         if n == 1 or size < self.bigarray_bound:
             return (Block(key, 0, self.home(key), 0, size),)
-        bounds = [size * j // n for j in range(n + 1)]
+        # where MXNet cuts (kvstore_dist.h, EncodeDefaultKey: C's round of size / n * j, half
+        # away from zero): optimizers that take a norm per block (LAMB, LARS) then agree
+        bounds = [math.floor(size / n * j + 0.5) for j in range(n + 1)]
         return tuple(Block(key, j, j, bounds[j], bounds[j + 1]) for j in range(n))

@@ -305,6 +305,25 @@ def optimizer_set_again():
 
 
 report["optimizer_set_again"] = outcome(optimizer_set_again)
+
+
+def norm_per_block():
+    """LAMB takes a norm over each server's block of a split key: the same weights as MXNet's
+    only if the key is cut where MXNet cuts it (1,000,001 elements over 2 servers)."""
+    import hashlib
+    size = 1_000_001
+    kv.init(740, mx.nd.array(np.linspace(-1, 1, size, dtype=np.float32)))
+    kv.set_optimizer(mx.optimizer.create("lamb", learning_rate=0.01))
+    got = []
+    for step in range(2):
+        kv.push(740, mx.nd.array(np.cos(np.arange(size, dtype=np.float32) * (step + 1))))
+        val = mx.nd.zeros((size,))
+        kv.pull(740, out=val)
+        got.append(hashlib.sha256(val.asnumpy().tobytes()).hexdigest())
+    return got
+
+
+report["norm_per_block"] = outcome(norm_per_block)
 kv._barrier()
 with open(f"{out}.{rank}.json", "w") as f:
     json.dump(report, f)

@@ -100,6 +100,11 @@ def test_partition_small_keys_whole_big_keys_split_evenly():
     assert all(a.stop == b.start for a, b in zip(blocks, blocks[1:]))
     assert Partitioner(1, 10).blocks("w", 10**6)[0].size == 10**6
     assert p.home("fc1_weight") == Partitioner(3, 100).home("fc1_weight")
+    # where MXNet's kvstore_dist.h cuts: round(size / n * j), half away from zero
+    assert [(b.start, b.stop) for b in p.blocks(4, 1000)] == [(0, 333), (333, 667), (667, 1000)]
+    assert [b.size for b in Partitioner(2, 100).blocks(0, 1_000_001)] == [500_001, 500_000]
+    assert [b.size for b in Partitioner(3, 100).blocks(0, 4096 * 4096)] == \
+        [5_592_405, 5_592_406, 5_592_405]
 
 
 def test_store_config_validates_type_and_parameters():

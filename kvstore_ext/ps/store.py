@@ -651,10 +651,18 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
             segment, address = next(segments[blocks[0].server])
             flat = segment.view(dtype)
             engine.copy_to_host(arrays[0], flat, address)
-            for a in arrays[1:]:     # the other devices' values, summed in the order given
-                extra = np.empty(flat.size, dtype)
-                engine.copy_to_host(a, extra)
-                flat += extra
+            # the other devices' values, added in MXNet's order (comm.h, ReduceSumCPU: the
+            # first += the sum of the next up to four, left to right), so that sums of 3 or
+            # more devices round as on MXNet's stores
+            rest = arrays[1:]
+            for at in range(0, len(rest), 4):
+                group = np.empty(flat.size, dtype)
+                engine.copy_to_host(rest[at], group)
+                for a in rest[at + 1:at + 4]:
+                    extra = np.empty(flat.size, dtype)
+                    engine.copy_to_host(a, extra)
+                    group += extra
+                flat += group
             staged.append([flat[b.start:b.stop] for b in blocks])
         return staged
 

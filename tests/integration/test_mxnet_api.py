@@ -39,8 +39,8 @@ def test_stores_answer_mxnet_kvstore_calls_as_mxnet_stores_do(run_job, tmp_path,
     compared = ["init", "push_pull", "list_calls", "device_lists", "broadcast", "call_forms",
                 "repeated_per_key", "repeated_keys", "trainer_step",
                 "trainer_update_on_kvstore=None", "trainer_update_on_kvstore=True",
-                "trainer_update_on_kvstore=False", "after_refusals", "optimizer_set_again",
-                "norm_per_block"]
+                "trainer_update_on_kvstore=False", "after_refusals", "device_sum_order",
+                "optimizer_set_again", "norm_per_block"]
     for rank in range(n):
         for check in compared:
             assert ours[rank][check] == native[rank][check], (rank, check, ours[rank][check],

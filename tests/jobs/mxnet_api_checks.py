@@ -37,6 +37,12 @@ def summary(a):
     return [float(x.min()), float(x.max())]
 
 
+def pulled_array(key, shape, dtype="float32"):
+    val = mx.nd.zeros(shape, dtype=dtype)
+    kv.pull(key, out=val)
+    return val.asnumpy()
+
+
 def pulled(key, shape, dtype="float32"):
     """The key's value, pulled into a new array, as :func:`summary`."""
     val = mx.nd.zeros(shape, dtype=dtype)
@@ -289,6 +295,26 @@ def after():
 
 
 report["after_refusals"] = outcome(after)
+
+
+def device_sum_order():
+    """A key pushed from 3 and from 6 devices: MXNet adds the first device's value to the sum
+    of the next up to four, left to right; the bits show the order (1 + 2**-24 + 2**-24 is 1
+    one way round and 1.0000001 the other)."""
+    import hashlib
+    kv.set_optimizer(mx.optimizer.create("test", rescale_grad=1.0))
+    got = []
+    for k, devices in ((750, 3), (751, 6)):
+        kv.init(k, mx.nd.zeros((1000,)))
+        rng = np.random.RandomState(k)
+        values = [np.full(1000, 1.0, np.float32)] + \
+            [rng.uniform(-2e-7, 2e-7, 1000).astype(np.float32) for _ in range(devices - 1)]
+        kv.push(k, [mx.nd.array(v, ctx=mx.cpu(i)) for i, v in enumerate(values)])
+        got.append(hashlib.sha256(pulled_array(k, (1000,)).tobytes()).hexdigest())
+    return got
+
+
+report["device_sum_order"] = outcome(device_sum_order)
 
 
 def optimizer_set_again():

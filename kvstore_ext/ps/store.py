@@ -234,6 +234,12 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         self._raise_deferred()
         items: dict[int, tuple[list, list]] = {}
         send_values = self.rank == 0
+        if send_values:
+            # the values once everything before this call has run in MXNet's engine: an
+            # array's own wait did not cover BatchNorm's running statistics written by a
+            # forward pass hybridized with static_alloc on 2 devices (read stale in 3 of 5
+            # jobs, and trained from their initial values; docs/mxnet_tests.md)
+            mx.nd.waitall()
         named = set()
         for k, v in _pairs(key, value):
             k = _check_key(k)

@@ -6,6 +6,7 @@
 - a Module script (``mod.fit``) trains under ``dist_bsp`` exactly as under ``dist_sync``.
 """
 import os
+import re
 import sys
 
 import mxnet as mx
@@ -232,3 +233,16 @@ def test_an_unmodified_mxnet_script_names_the_stores(jobs, kvstore, options):
         refused = jobs(argv + ["--no-autoload"] + script)
         assert refused.wait(180) != 0
         assert "DMLC_NUM_WORKER" in refused.output, refused.output[-3000:]
+
+
+def test_batchnorm_statistics_of_a_static_alloc_net_on_two_devices_reach_the_servers(run_job):
+    """What Trainer's first step does, ten times on fresh nets: worker 0's running statistics
+    after the forward pass are the ones initialised.  Before, worker 0's init read the arrays
+    before a forward pass hybridized with static_alloc had written them in 3 of 5 jobs, and
+    every worker trained from the initial statistics."""
+    code, log = run_job(2, 1, [os.path.join(JOBS, "bn_static_alloc.py"), "dist_bsp"],
+                        timeout=180)
+    assert code == 0, log[-3000:]
+    checks = re.findall(r"BNCHECK (\d) (\d+) of 10", log)
+    assert sorted(r for r, _ in checks) == ["0", "1"], log[-3000:]
+    assert all(lost == "0" for _, lost in checks), log[-3000:]

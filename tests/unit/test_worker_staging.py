@@ -108,11 +108,17 @@ def test_keys_that_alternate_between_servers_travel_as_one_frame_to_each():
             assert np.all(buf == b.key)
 
 
-def test_values_of_several_devices_are_summed_in_the_order_given(kv):
-    parts = [mx.nd.full((2, 2), v, dtype="float64") for v in (0.1, 0.2, 0.3)]
+def test_values_of_several_devices_are_summed_in_mxnets_order(kv):
+    """MXNet's CPU reduce (comm.h, ReduceSumCPU): the first value plus the sum of the next up
+    to four, left to right, and so on; 0.1 + (0.2 + 0.3) is 0.6, (0.1 + 0.2) + 0.3 is not."""
+    values = [0.1, 0.2, 0.3, 0.7, 1e-17, 0.9]
+    parts = [mx.nd.full((2, 2), v, dtype="float64") for v in values]
     (buf,) = pushed(kv._plan("push", [(2, parts)])).values()
-    want = (np.full(4, 0.1) + np.full(4, 0.2)) + np.full(4, 0.3)
+    a = [np.full(4, v) for v in values]
+    want = (a[0] + (((a[1] + a[2]) + a[3]) + a[4])) + a[5]
     assert np.array_equal(buf, want)
+    (buf,) = pushed(kv._plan("push", [(2, parts[:3])])).values()
+    assert np.array_equal(buf, np.full(4, 0.6)) and (0.1 + 0.2) + 0.3 != 0.6
 
 
 def test_a_pull_stages_nothing(kv):

@@ -24,12 +24,15 @@ def grouped_pairs(key, value, what: str = "value") -> list:
     all the arrays given for it, in order: as MXNet's stores group a call's pairs
     (``GroupKVPairs``), a repeated key's pushes are summed and its outputs all filled."""
     found = pairs(key, value, what)
-    if len(found) < 2:
+    try:
+        if len(found) < 2 or len({k for k, _ in found}) == len(found):
+            return found
+    except TypeError:   # an unhashable key: check_key names it where the call checks its keys
         return found
     merged: dict = {}
     for k, v in found:
         merged.setdefault(k, []).extend(as_list(v))
-    return found if len(merged) == len(found) else list(merged.items())
+    return list(merged.items())
 
 
 def check_key(key):

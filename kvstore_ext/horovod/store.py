@@ -37,8 +37,7 @@ from ..errors import KVStoreError
 from ..engine import SimulatedLink, probe, run as run_in_engine, settled_view
 from .params import MKLDNN_ENV
 from ..keys import MXNetCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
-from ..keys import grouped_pairs
-from ..keys import refuse_second_array, refuse_sparse
+from ..keys import grouped_pairs, refuse_second_array, refuse_sparse
 from ..metrics import WorkerMetrics, write_json
 from .overlap import OverlapMeter
 from ..stalls import after_seconds

@@ -29,8 +29,9 @@ from ..stalls import POOL_WAIT, PEER_HUNG, after_seconds, look_period, report
 from ..registry import StoreConfig, lookup as lookup_store
 from ..errors import (JobAbortedError, KVStoreError, NodeLostError, SchedulerLostError,  # noqa: F401
                      ServerLostError, WorkerLostError)
-from .transport import (AuthError, Codec, Limits, Packed, configure, disconnected,
-                        message_size_problem, monitor_events, new_context, receive_until)
+from .transport import (HANDSHAKE_REFUSED, AuthError, Codec, Limits, Packed, configure,
+                        disconnected, message_size_problem, monitor_events, new_context,
+                        receive_until)
 from .protocol import Op
 
 log = logging.getLogger("kvstore_ext")
@@ -336,11 +337,6 @@ def note_uncaught() -> None:
     sys.excepthook = hook
 
 
-#: a connection the peer refused at the handshake: not the job's password (or key), or
-#: CURVE on one side only
-HANDSHAKE_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-
-
 def connection_lost(who: str, heartbeat_timeout: float) -> str:
     """What a lost connection to ``who`` means, for the error it raises."""
     return (f"{who} closed its connection: it exited or was killed, or its host stopped "
@@ -524,36 +520,33 @@ class Connection:
             {"op": Op.REGISTER, "role": "worker", "rank_hint": self.env.worker_rank,
              "store": store.to_wire(), "node": self.node}, to="scheduler", outbox=self.sched_out))
         deadline = time.monotonic() + start_timeout
-        while True:
+        scheduler = f"the scheduler at {self.env.scheduler_address}"
+        error = None
+        while error is None:
             reply = receive_until(self.sched, self.sched_in, min(deadline, time.monotonic() + 0.2))
-            if reply is not None or time.monotonic() >= deadline:
+            if reply is not None:
+                if reply[0]["op"] == Op.ABORT:
+                    error = JobAbortedError(reply[0]["error"])
                 break
             events = monitor_events(monitor)
             if any(event & HANDSHAKE_REFUSED for event in events):
-                self.ctx.destroy(0)
-                self.closed = True
-                raise KVStoreError(
-                    f"the scheduler at {self.env.scheduler_address} refused this process's "
-                    f"connection at the handshake: it belongs to another job, or this "
-                    f"process's {jobenv.SECRET} (or {jobenv.CURVE}) is not the job's")
-            if zmq.EVENT_DISCONNECTED in events:   # gone, or frozen: it holds our registration
-                self.ctx.destroy(0)
-                self.closed = True
-                who = f"the scheduler at {self.env.scheduler_address}"
-                raise SchedulerLostError(f"{connection_lost(who, self.env.heartbeat_timeout)} "
-                                         f"before the job started")
-        if reply is None:
+                error = KVStoreError(
+                    f"{scheduler} refused this process's connection at the handshake: it "
+                    f"belongs to another job, or this process's {jobenv.SECRET} (or "
+                    f"{jobenv.CURVE}) is not the job's")
+            elif zmq.EVENT_DISCONNECTED in events:   # gone, or frozen: it holds our registration
+                lost = connection_lost(scheduler, self.env.heartbeat_timeout)
+                error = SchedulerLostError(f"{lost} before the job started")
+            elif time.monotonic() >= deadline:
+                error = KVStoreError(f"{scheduler} did not start the job within "
+                                     f"{start_timeout:g} s (launch.py --start-timeout; are all "
+                                     f"{self.env.num_workers} workers and "
+                                     f"{self.env.num_servers} servers running?)")
+        if error is not None:
             self.ctx.destroy(0)
             self.closed = True
-            raise KVStoreError(f"the scheduler at {self.env.scheduler_address} did not start "
-                               f"the job within {start_timeout:g} s (launch.py --start-timeout; "
-                               f"are all {self.env.num_workers} workers and "
-                               f"{self.env.num_servers} servers running?)")
+            raise error
         header = reply[0]
-        if header["op"] == Op.ABORT:
-            self.ctx.destroy(0)
-            self.closed = True
-            raise JobAbortedError(header["error"])
         self.topology = header
         self.rank = header["rank"]
         self.num_workers = header["num_workers"]

@@ -40,8 +40,7 @@ from .link import Connection, unseen, when_answered
 from ..errors import KVStoreError
 from ..jobenv import NotInAJob
 from ..keys import MXNetCalls, as_list as _as_list, check_key as _check_key, pairs as _pairs
-from ..keys import grouped_pairs
-from ..keys import refuse_second_array, refuse_sparse
+from ..keys import grouped_pairs, refuse_second_array, refuse_sparse
 from ..metrics import WorkerMetrics, write_json
 from .partition import Partitioner
 from ..policies.psp import HeldVersions, PartialPull, resolve_min_pushes

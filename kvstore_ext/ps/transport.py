@@ -556,10 +556,11 @@ def configure(sock: zmq.Socket, limits: Limits) -> zmq.Socket:
     return sock
 
 
-#: socket-monitor events of a connection refused at the handshake (wrong password or key,
-#: another mechanism, a malformed greeting)
-HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+#: socket-monitor events of a connection the peer refused at the handshake: not the job's
+#: password (or key), or CURVE on one side only
+HANDSHAKE_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+#: and every handshake that failed (a malformed greeting, one that did not finish in time)
+HANDSHAKE_FAILED = HANDSHAKE_REFUSED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 
 
 def monitor_events(monitor) -> list[int]:

@@ -38,9 +38,11 @@ class Partitioner:
         self.blocks = lru_cache(maxsize=None)(self._blocks)
 
     def home(self, key) -> int:
-        """The server of a key that is not split."""
+        """The server of a key that is not split: MXNet's choice for an int key
+        (``kvstore_dist.h``: ``(key * 9973) % num_servers``), so that a job's load spreads
+        over its servers as it does on MXNet's stores."""
         if isinstance(key, int):
-            return key % self.num_servers
+            return (key * 9973) % self.num_servers
         return zlib.crc32(str(key).encode()) % self.num_servers
 
     def _blocks(self, key, size: int) -> tuple[Block, ...]:

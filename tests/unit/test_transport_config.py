@@ -105,6 +105,10 @@ def test_partition_small_keys_whole_big_keys_split_evenly():
     assert [b.size for b in Partitioner(2, 100).blocks(0, 1_000_001)] == [500_001, 500_000]
     assert [b.size for b in Partitioner(3, 100).blocks(0, 4096 * 4096)] == \
         [5_592_405, 5_592_406, 5_592_405]
+    # a small int key's server as MXNet chooses it, (key * 9973) % n: key % n differs from
+    # it for 5, 7 or 8 servers (key 1 on server 3, 5 and 5)
+    assert [Partitioner(n, 100).blocks(1, 50)[0].server for n in (2, 3, 5, 7, 8)] == \
+        [1, 1, 3, 5, 5]
 
 
 def test_store_config_validates_type_and_parameters():

@@ -151,10 +151,12 @@ class Node:
                 pass
 
     def signal(self, sig) -> None:
-        if self.proc and self.proc.poll() is None:
+        """Signal the node's process group: the processes its script started too, which
+        outlive it (a worker that ended cleanly may leave a child holding the job's output)."""
+        if self.proc:
             try:
                 os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):
                 pass
 
 
@@ -245,6 +247,15 @@ class Supervisor:
                 grace = time.monotonic() + 10
                 while time.monotonic() < grace and any(n.proc.poll() is None for n in others):
                     time.sleep(0.05)
+                # a server or the scheduler that failed while closing (its metrics not
+                # written, say) fails the job: its error is not lost behind the workers' 0
+                late = [n for n in others if n.proc.poll() not in (None, 0) and not n.reported]
+                if late and failure is None:
+                    late[0].reported = True
+                    code = late[0].proc.poll()
+                    print(f"launch.py: {late[0].label} {_ended(code)} after the workers "
+                          f"finished", file=sys.stderr, flush=True)
+                    return _status(code)
                 return failure or 0
             if deadline and time.monotonic() > deadline:
                 print(f"launch.py: the job ran past --timeout {self.timeout:g} s; stopping it",

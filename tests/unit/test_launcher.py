@@ -1,8 +1,10 @@
 """launch.py's command line: help, dry runs for every launcher, argument errors, the
 environments it gives the nodes."""
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -259,3 +261,51 @@ def test_a_local_horovod_jobs_rendezvous_server_listens_on_loopback_only():
                 socket.create_connection((address, port), timeout=2).close()
     finally:
         server.stop()
+
+
+def _node(name: str, code: str):
+    """A real process of a job: ``python -c code``."""
+    from kvstore_ext.launch.process import Node
+    return Node(name, [sys.executable, "-c", code], dict(os.environ))
+
+
+def test_a_server_failing_after_the_workers_finished_fails_the_job(capsys):
+    """The workers end with 0; a server then fails while closing (its metrics not written):
+    the job's status is the server's, and the launcher says so (it said 0 before)."""
+    from kvstore_ext.launch.process import Supervisor
+    sup = Supervisor(timeout=30)
+    status = sup.run(lambda: [sup.spawn(_node("worker 0", "pass")),
+                              sup.spawn(_node("server 0", "import time, sys; time.sleep(1.0); "
+                                                          "sys.exit(3)"))])
+    assert status == 3
+    assert "server 0 exited with status 3 after the workers finished" in capsys.readouterr().err
+
+
+def test_processes_a_worker_started_are_stopped_after_it_ended(tmp_path):
+    """A worker script starts a child and ends cleanly: the child (which would hold the job's
+    output open) is stopped with the job, though its parent is gone."""
+    from kvstore_ext.launch.process import Supervisor
+    pid_file = tmp_path / "child.pid"
+    spawn_child = ("import subprocess, sys; "
+                   "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+                   f"open({str(pid_file)!r}, 'w').write(str(p.pid))")
+    sup = Supervisor(timeout=30)
+    assert sup.run(lambda: [sup.spawn(_node("worker 0", spawn_child)),
+                            sup.spawn(_node("server 0", "pass"))]) == 0
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.05)
+    alive = _alive(child)
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive, "the worker's child outlived the job"
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, reaped by init soon, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

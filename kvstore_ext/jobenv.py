@@ -19,6 +19,7 @@ NUM_SERVER = "KVX_NUM_SERVER"
 SECRET = "KVX_SECRET"
 NODE_HOST = "KVX_NODE_HOST"
 WORKER_RANK = "KVX_WORKER_RANK"
+JOINING = "KVX_JOINING"              # "1": a worker started to join a running job (launch --join)
 STORE_PARAMS = "KVX_STORE_PARAMS"
 ON_WORKER_DEATH = "KVX_ON_WORKER_DEATH"
 HEARTBEAT_INTERVAL = "KVX_HEARTBEAT_INTERVAL"
@@ -44,7 +45,7 @@ WITHOUT_MXNET = ("server", "scheduler", LAUNCHER)
 
 #: what makes a process a node of one particular job (never inherited by a new job)
 IDENTITY_VARIABLES = (ROLE, SCHEDULER_HOST, SCHEDULER_PORT, NUM_WORKER, NUM_SERVER, SECRET,
-                      NODE_HOST, WORKER_RANK)
+                      NODE_HOST, WORKER_RANK, JOINING)
 
 ON_DEATH_CHOICES = ("fail", "continue")
 PLUGINS = "KVX_PLUGINS"               # modules that register more store types (registry.load_plugins)
@@ -110,9 +111,36 @@ def _env_float(name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {raw!r}")
+    if not 0 < value < MAX_SECONDS:   # NaN too
+        raise ValueError(f"{name} must be > 0 and below {MAX_SECONDS:g}, got {raw!r}")
     return value
+
+
+#: the longest timeout or interval a job takes (a year): ZeroMQ's options are milliseconds in
+#: a C int, and a longer one is a mistake
+MAX_SECONDS = 365 * 86400.0
+
+
+def _env_int(name: str, default: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        if default is None:
+            raise ValueError(f"{name} is not set")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def _rank(raw) -> int | None:
+    if raw in (None, ""):
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"a worker's rank ({WORKER_RANK}, OMPI_COMM_WORLD_RANK or PMI_RANK) "
+                         f"must be an integer, got {raw!r}") from None
 
 
 class NotInAJob(RuntimeError):
@@ -138,6 +166,7 @@ class JobEnv:
     bigarray_bound: int
     start_timeout: float = 600.0
     window_bytes: int = 64 << 20
+    joining: bool = False    # started to join a running job (launch.py --join)
 
     @classmethod
     def from_environ(cls, role: str) -> "JobEnv":
@@ -158,19 +187,20 @@ class JobEnv:
         interval = _env_float(HEARTBEAT_INTERVAL, 1.0)
         return cls(
             scheduler_host=env[SCHEDULER_HOST],
-            scheduler_port=int(env[SCHEDULER_PORT]),
-            num_workers=int(env[NUM_WORKER]),
-            num_servers=int(env[NUM_SERVER]),
+            scheduler_port=_env_int(SCHEDULER_PORT),
+            num_workers=_env_int(NUM_WORKER),
+            num_servers=_env_int(NUM_SERVER),
             secret=secret,
             node_host=env.get(NODE_HOST) or env[SCHEDULER_HOST],
-            worker_rank=int(rank) if rank not in (None, "") else None,
+            worker_rank=_rank(rank),
             on_worker_death=on_death,
             heartbeat_interval=interval,
             heartbeat_timeout=_env_float(HEARTBEAT_TIMEOUT, max(10.0, 5 * interval)),
             metrics_dir=metrics_dir(),
-            bigarray_bound=int(env.get(BIGARRAY_BOUND, "1000000")),
+            bigarray_bound=_env_int(BIGARRAY_BOUND, 1_000_000),
             start_timeout=_env_float(START_TIMEOUT, 600.0),
             window_bytes=int(_env_float(WINDOW_MB, 64.0) * 2 ** 20),
+            joining=env.get(JOINING) == "1",
         )
 
     @property

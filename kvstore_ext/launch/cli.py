@@ -16,6 +16,19 @@ from .. import devices, jobenv
 from .ps_job import Job
 
 
+def positive(text: str) -> float:
+    """An option's number of seconds (or MB): above 0 and below a year, not NaN (ZeroMQ takes
+    its timeouts in milliseconds in a C int)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < jobenv.MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be above 0 and below {jobenv.MAX_SECONDS:g}, "
+                                         f"got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="launch.py",
@@ -79,18 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--on-worker-death", choices=list(jobenv.ON_DEATH_CHOICES), default="fail",
                    help="when a worker dies: 'fail' stops the job with a message naming it; "
                         "'continue' lets the others go on without it (default: fail)")
-    p.add_argument("--heartbeat-interval", type=float, default=1.0,
+    p.add_argument("--heartbeat-interval", type=positive, default=1.0,
                    help="seconds between ZeroMQ (ZMTP) heartbeats on every connection (default 1)")
-    p.add_argument("--heartbeat-timeout", type=float, default=10.0,
+    p.add_argument("--heartbeat-timeout", type=positive, default=10.0,
                    help="a connection whose peer answers no heartbeat for this long is closed and "
                         "the peer declared dead (a hung host or a cut network); a process that "
                         "exits or is killed is noticed at once, and one busy computing, even "
                         "holding Python's GIL, still answers (default 10 s)")
-    p.add_argument("--start-timeout", type=float, default=600.0,
+    p.add_argument("--start-timeout", type=positive, default=600.0,
                    help="seconds every wait during start-up may take: all nodes registering "
                         "with the scheduler, and every worker initialising a key (kv.init); the "
                         "error names who is missing (default 600)")
-    p.add_argument("--window-mb", type=float, default=64.0,
+    p.add_argument("--window-mb", type=positive, default=64.0,
                    help="flow control: a worker sends no more requests while this many MB of "
                         "its requests are unanswered (one request always goes), which bounds "
                         "the memory of workers and servers whatever the push rate (default 64)")

@@ -276,6 +276,7 @@ class Job:
             env = {k: v for k, v in os.environ.items()
                    if not k.startswith("DMLC_") and k not in jobenv.IDENTITY_VARIABLES}
             env.update(job)
+            env[jobenv.JOINING] = "1"   # waits for the job to start, never takes one of its ranks
             self.supervisor.spawn(Node(f"worker (joining) {i}", list(self.command), env))
 
     def dry_run(self) -> None:

@@ -518,7 +518,8 @@ class Connection:
     def _register(self, store: StoreConfig, start_timeout: float, monitor) -> None:
         self.sched.send_multipart(self.codec.seal(
             {"op": Op.REGISTER, "role": "worker", "rank_hint": self.env.worker_rank,
-             "store": store.to_wire(), "node": self.node}, to="scheduler", outbox=self.sched_out))
+             "store": store.to_wire(), "node": self.node, "joining": self.env.joining},
+            to="scheduler", outbox=self.sched_out))
         deadline = time.monotonic() + start_timeout
         scheduler = f"the scheduler at {self.env.scheduler_address}"
         error = None

@@ -31,6 +31,8 @@ from .protocol import SCHEDULER_OPS, Op
 ROLES = ("worker", "server")
 #: the most worker ranks a job hands out, joiners included (each costs every node some state)
 MAX_WORKERS = 1024
+#: workers started to join a job (launch.py --join) that may wait for it to start
+MAX_EARLY_JOINERS = 64
 OPS = SCHEDULER_OPS
 MAX_REASON = 1000   # characters of a worker's reason kept (it is repeated to every node)
 
@@ -65,6 +67,9 @@ class Scheduler:
             self.port = self.sock.bind_to_random_port(f"tcp://{host}")
         self.host = host
         self.pending: list[tuple[bytes, dict]] = []
+        #: workers started to join (launch.py --join) that came before the job started: they
+        #: join it once it has, and never take one of its own ranks
+        self.early_joiners: list[tuple[bytes, dict]] = []
         self.nodes: dict[tuple[str, int], dict] = {}   # (role, rank) -> {ident, state, last_seen}
         self.store: dict | None = None
         self.store_from: int | None = None
@@ -220,6 +225,24 @@ class Scheduler:
         if self.started:
             self.join(ident, header, node)
             return
+        if header.get("joining") is True:
+            if len(self.early_joiners) >= MAX_EARLY_JOINERS:
+                self.send(ident, {"op": Op.ABORT, "error": f"{MAX_EARLY_JOINERS} workers already "
+                                  f"wait to join this job, which has not started"}, node)
+                return
+            self.early_joiners.append((ident, header))
+            return
+        role = header.get("role")
+        # a node registering again (the same process) replaces its first registration; a node
+        # more than the job has is refused by name, and the job's own still start it
+        self.pending = [p for p in self.pending if p[1].get("node") != node]
+        expected = self.num_workers if role == "worker" else self.num_servers
+        if sum(1 for _, h in self.pending if h.get("role") == role) >= expected:
+            self.send(ident, {"op": Op.ABORT, "error": (
+                f"the job has {expected} {role}s and all have registered; another {role} "
+                f"cannot take part (a worker joining a running job is started with launch.py "
+                f"--join, after the job has started)")}, node)
+            return
         if header.get("role") == "worker":
             store = header.get("store")
             who = header.get("rank_hint")
@@ -274,6 +297,9 @@ class Scheduler:
             self.send(ident, {**common, "rank": rank}, h["node"])
         self.pending = []
         self.started = True
+        for ident, h in self.early_joiners:
+            self.join(ident, h, h["node"])
+        self.early_joiners = []
         log.info("job started: %d workers, %d servers, %s", self.num_workers, self.num_servers,
                  describe(self.store))
         # a node whose connection closed after it registered, before the others came (a
@@ -329,7 +355,7 @@ class Scheduler:
 
     def abort(self, message: str) -> None:
         log.error("%s", message)
-        for ident, h in self.pending:
+        for ident, h in self.pending + self.early_joiners:
             self.send(ident, {"op": Op.ABORT, "error": message}, h["node"])
         self.broadcast({"op": Op.ABORT, "error": message})
         self.failure = message

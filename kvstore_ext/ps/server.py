@@ -55,6 +55,17 @@ class RequestError(Exception):
 
 #: stores of one worker a server remembers as having sent the optimizer (a bound on memory)
 MAX_STORES_PER_WORKER = 64
+#: pushes of one worker a server holds for later rounds; their bytes are bounded by twice the
+#: job's window (``KVX_WINDOW_MB``): an honest worker's own window keeps it below both, so
+#: only a peer that ignores it is refused, before it fills the server's memory
+MAX_HELD_PUSHES = 65_536
+#: blocks that workers other than worker 0 may declare before its values make them (each
+#: costs the server a few hundred bytes while it waits)
+MAX_DECLARED_BLOCKS = 100_000
+
+
+def nbytes(arrays) -> int:
+    return sum(memoryview(a).nbytes for a in arrays)
 
 
 class RoundFailed(Exception):
@@ -278,6 +289,7 @@ class Server:
         self.last_values: tuple = (None, None)   # ((route, epoch, versions), weights copied)
         self.valid_items: dict = {}   # (worker, op) -> items of its last well-formed request
         self.init_waiting: list[InitWait] = []
+        self.held_of: dict[int, list] = {}   # worker -> [count, bytes] of its held pushes
         self.init_seen: dict[tuple, set] = {}   # (key, block) -> workers that initialised it
         #: (key, block) -> (shape, dtype, worker) of its first init; worker None when that
         #: init brought the values (worker 0's), else the worker whose declaration binds
@@ -594,6 +606,7 @@ class Server:
                     self.reply_error(p.ident, p.seq, message, p.worker)
             group.waiting.clear()
             group.held.clear()
+        self.held_of.clear()
         for w in self.init_waiting:
             self.reply_error(w.ident, w.seq, message, w.worker)
         self.init_waiting = []
@@ -631,6 +644,8 @@ class Server:
         for group in self.groups:
             group.waiting.pop(rank, None)
             group.held = deque(h for h in group.held if h[0] != rank)
+        self.held_of.pop(rank, None)
+        for group in self.groups:
             group.fresh = False
             decisions.append((group, group.policy.remove_worker(rank, now)))
         if self.optimizer is not None:   # what the optimizer kept for the worker goes with it
@@ -680,6 +695,7 @@ class Server:
                     f"{known[1].name}; cannot initialise it again with shape {shape} "
                     f"{dtype.name}")
             declared.append(((key, block), (shape, dtype, None if has_value else worker)))
+        self.check_init_load(worker, has_value, declared)
         for block, what in declared:
             self.init_declared.setdefault(block, what)
         if has_value:
@@ -701,6 +717,23 @@ class Server:
         self.init_waiting.append(waiter)
         self.at(waiter.deadline, lambda: self.expire_init(waiter))
         self.release_inits()
+
+    def check_init_load(self, worker: int, has_value: bool, declared) -> None:
+        """Refuse an init that would keep more waiting than honest workers can: one init per
+        store of a worker (a store's init waits for its reply), and at most
+        :data:`MAX_DECLARED_BLOCKS` blocks declared without their values."""
+        waiting = sum(1 for w in self.init_waiting if w.worker == worker)
+        if waiting >= MAX_STORES_PER_WORKER:
+            raise RequestError(f"init: worker {worker} has {waiting} inits waiting on this "
+                               f"server, the most it may have (one per store)")
+        if has_value:
+            return
+        new = sum(1 for block, _ in declared if block not in self.init_declared)
+        without_values = len(self.init_declared) - len(self.slots)
+        if new and without_values + new > MAX_DECLARED_BLOCKS:
+            raise RequestError(f"init: worker {worker} declares {new} more blocks, but "
+                               f"{without_values} already wait for worker 0's values (at most "
+                               f"{MAX_DECLARED_BLOCKS})")
 
     def new_slot(self, key, block, shape, value: np.ndarray) -> Slot:
         """A block holding ``value``, placed after the others of its dtype in their flat
@@ -789,13 +822,34 @@ class Server:
                           outstanding=len(parts))
         decisions = []
         self.metrics.pushes_received += len(route.slots)
-        for group, pick, _ in parts:
+        ahead = [not group.policy.accepts_now(worker) or group.holds_push_of(worker)
+                 for group, _, _ in parts]
+        if any(ahead):
+            self.check_held(worker, [buffers if pick is None else pick(buffers)
+                                     for (_, pick, _), later in zip(parts, ahead) if later])
+        for (group, pick, _), later in zip(parts, ahead):
             arrays = buffers if pick is None else pick(buffers)
-            if not group.policy.accepts_now(worker) or group.holds_push_of(worker):
-                group.held.append((worker, arrays, pending))   # a push for a later round
+            if later:   # a push for a later round
+                group.held.append((worker, arrays, pending))
+                held = self.held_of.setdefault(worker, [0, 0])
+                held[0] += 1
+                held[1] += nbytes(arrays)
             else:
                 decisions.append((group, self.take_push(group, worker, arrays, pending, now)))
         self.carry_out(decisions)
+
+    def check_held(self, worker: int, arrays) -> None:
+        """Refuse a push that would hold more of ``worker``'s pushes for later rounds than
+        :data:`MAX_HELD_PUSHES` or twice the window allow (one push always fits)."""
+        count, held = self.held_of.get(worker, (0, 0))
+        more = sum(map(nbytes, arrays))
+        window = self.env.window_bytes
+        if count + len(arrays) > MAX_HELD_PUSHES or (count and held + more > 2 * window):
+            raise RequestError(
+                f"worker {worker} pushed ahead of the round more than the server holds for "
+                f"it: {count} pushes of {held} bytes held, {more} more (at most "
+                f"{MAX_HELD_PUSHES} pushes and twice KVX_WINDOW_MB, {2 * window} bytes, "
+                f"which its own window stays under)")
 
     def check_push_items(self, worker, items, buffers, stamps=None):
         """The route of a push and the groups it covers, every item checked before any is used.
@@ -876,8 +930,9 @@ class Server:
         for queue in group.waiting.values():
             for p in queue:
                 p.outstanding += 1
-        for _, _, p in group.held:
+        for w, _, p in group.held:
             p.outstanding += 1
+            self.held_of.setdefault(w, [0, 0])[0] += 1   # one entry more, the same bytes
         slots = group.slots
         part.hold([slots[i] for i in moved])
         group.hold([slots[i] for i in kept])
@@ -919,6 +974,9 @@ class Server:
                         seen.add(worker)
                         continue
                     seen.add(worker)
+                    held = self.held_of[worker]
+                    held[0] -= 1
+                    held[1] -= nbytes(arrays)
                     decisions.append((group, self.take_push(group, worker, arrays, pending,
                                                             now)))
                 group.held = still

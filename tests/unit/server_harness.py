@@ -53,6 +53,8 @@ def make_server(store, params, workers, grouped, sizes, dtypes, optimizer=None):
     s.last_values = (None, None)
     s.codec = Codec(b"harness-secret-0123456789")
     s.init_waiting, s.init_seen, s.init_declared = [], {}, {}
+    s.held_of = {}
+    s.env = types.SimpleNamespace(window_bytes=64 << 20, start_timeout=600.0)
     s.optimizer, s.pooled, s.joined, s.handler = None, False, set(), None
     s.failure, s.failure_kind = None, "error"
     s.timers, s.value_replies, s.value_replies_since = [], [], 0.0

@@ -27,6 +27,7 @@ class Groups:
         group.hold(slots)
         self.groups = [group]
         self.group_epoch = 0
+        self.held_of = {}
 
 
 def make_slots(sizes, dtype=np.float32, home=None):

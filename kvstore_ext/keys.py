@@ -9,14 +9,29 @@ def as_list(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
+class NotAnNDArray(TypeError, AssertionError):
+    """A value or out that is not an NDArray: a TypeError that names it, and the
+    AssertionError MXNet's stores raise for it (``_ctype_key_value``)."""
+
+
 def pairs(key, value, what: str = "value") -> list:
-    """``[(key, value)]`` for a single key or the list form."""
+    """``[(key, value)]`` for a single key or the list form; every value an NDArray (or a
+    list of them, one per device), checked here, before anything is sent: a numpy array
+    given to ``init`` failed on worker 0 only, and the others waited for its values."""
     if isinstance(key, (list, tuple)):
         values = as_list(value)
         if len(values) != len(key):
             raise ValueError(f"{len(key)} keys but {len(values)} {what}s")
-        return list(zip(key, values))
-    return [(key, value)]
+        found = list(zip(key, values))
+    else:
+        found = [(key, value)]
+    from mxnet.ndarray import NDArray
+    for k, v in found:
+        for a in (v if isinstance(v, (list, tuple)) else (v,)):
+            if not isinstance(a, NDArray):
+                raise NotAnNDArray(f"key {k!r}: the {what} must be an mxnet NDArray (or a "
+                                   f"list of them, one per device), got {type(a).__name__}")
+    return found
 
 
 def grouped_pairs(key, value, what: str = "value") -> list:

@@ -307,3 +307,21 @@ def test_the_launcher_loads_no_mxnet_and_no_node_takes_its_role(jobs, options, r
     assert any("kvstore_ext.launch" in l for l in launcher_imports), job.output[-4000:]
     assert not [l for l in launcher_imports if "mxnet" in l]
     assert f"probe: {role} True" in job.output, job.output[-4000:]
+
+
+def test_a_value_that_is_not_an_ndarray_is_refused_on_every_worker_at_once(run_job):
+    """``kv.init(30, numpy_array)`` on every worker: each is told at once which key and what
+    it got (an AssertionError, as from MXNet's stores, and a TypeError), and the store goes on
+    working.  Before, worker 0 alone failed and worker 1 waited out the start timeout."""
+    code, log = run_job(2, 1, [os.path.join(JOBS, "init_numpy.py"), "dist_bsp"],
+                        "--start-timeout", "20", timeout=60)
+    assert code == 0, log[-3000:]
+    for rank in (0, 1):
+        assert re.search(rf"worker {rank}: NotAnNDArray: key 30: the value must be an mxnet "
+                         rf"NDArray \(or a list of them, one per device\), got ndarray "
+                         rf"\((\d+\.\d) s\)", log), log[-3000:]
+        assert f"worker {rank}: NotAnNDArray: key 32: the value must be an mxnet" in log
+        assert f"worker {rank}: pull: key 30: the out must be an mxnet NDArray" in log
+        assert f"worker {rank}: value 2.0" in log   # SGD-less store: the sum of the pushes
+    waits = [float(t) for t in re.findall(r"got ndarray \((\d+\.\d) s\)", log)]
+    assert max(waits) < 5, waits

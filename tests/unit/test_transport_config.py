@@ -472,10 +472,13 @@ def test_a_staged_region_is_cut_into_the_frames_packing_its_arrays_would_give(ar
 def test_a_key_named_twice_in_a_call_is_one_pair_of_all_its_arrays_in_order():
     """As MXNet's GroupKVPairs: a repeated key's values are summed as one push, its outs all
     filled; device lists flatten; a call without repeats is left as it is."""
-    from kvstore_ext.keys import grouped_pairs
-    a, b, c, d = "a", "b", "c", "d"          # stand-ins: grouping never looks inside
+    import mxnet as mx
+    from kvstore_ext.keys import NotAnNDArray, grouped_pairs
+    a, b, c, d = (mx.nd.ones((1,)) * i for i in range(4))
     assert grouped_pairs([3, 4], [a, b]) == [(3, a), (4, b)]
     assert grouped_pairs(3, a) == [(3, a)]
     assert grouped_pairs([3, 3, 4, 3], [a, [b, c], d, a]) == [(3, [a, b, c, a]), (4, [d])]
     with pytest.raises(ValueError, match="3 keys but 2 outs"):
         grouped_pairs([3, 3, 4], [a, b], "out")
+    with pytest.raises(NotAnNDArray, match="key 4: the out must be an mxnet NDArray .* got str"):
+        grouped_pairs([3, 4], [a, [b, "c"]], "out")

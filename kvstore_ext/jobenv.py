@@ -28,6 +28,8 @@ START_TIMEOUT = "KVX_START_TIMEOUT"
 WINDOW_MB = "KVX_WINDOW_MB"
 METRICS_DIR = "KVX_METRICS_DIR"
 BIGARRAY_BOUND = "KVX_BIGARRAY_BOUND"
+#: MXNet's own name for it, which MXNet's users set: taken when ours is not set
+MXNET_BIGARRAY_BOUND = "MXNET_KVSTORE_BIGARRAY_BOUND"
 WORKER_SPEED = "KVX_WORKER_SPEED"     # straggler emulation: speed of each worker, "1.0,0.43"
 SPEED_JITTER = "KVX_SPEED_JITTER"
 SPEED_SEED = "KVX_SPEED_SEED"        # seed of the jitter and of the device patterns
@@ -197,7 +199,7 @@ class JobEnv:
             heartbeat_interval=interval,
             heartbeat_timeout=_env_float(HEARTBEAT_TIMEOUT, max(10.0, 5 * interval)),
             metrics_dir=metrics_dir(),
-            bigarray_bound=_env_int(BIGARRAY_BOUND, 1_000_000),
+            bigarray_bound=_env_int(BIGARRAY_BOUND, _env_int(MXNET_BIGARRAY_BOUND, 1_000_000)),
             start_timeout=_env_float(START_TIMEOUT, 600.0),
             window_bytes=int(_env_float(WINDOW_MB, 64.0) * 2 ** 20),
             joining=env.get(JOINING) == "1",

@@ -99,6 +99,9 @@ class Job:
                     jobenv.MAX_FRAMES: str(a.max_frames), jobenv.CURVE: "1" if a.curve else "0"})
         if self.launcher != "ssh":
             env[jobenv.SECRET] = self.secret   # over ssh it travels on stdin, not argv
+        bound = os.environ.get(jobenv.MXNET_BIGARRAY_BOUND)
+        if bound and not env.get(jobenv.BIGARRAY_BOUND):   # MXNet's variable, on every host
+            env[jobenv.BIGARRAY_BOUND] = bound
         env.update(store_env(a))
         if role == "worker":
             env.update(autoload_env(a, env, local=self.launcher == "local"))

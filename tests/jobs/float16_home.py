@@ -7,8 +7,8 @@ store; the test compares the two reports.  MXNet's servers sum and update float1
 float32 and send them back rounded to float16, so (1) every worker's gradient of 40,000 on a
 key sums to 40,000·N there, which float16 cannot hold, and (2) an update smaller than half a
 float16 step still moves the weights.  Keys small and split over the servers (``BIG`` is over
-the bound that splits a key when the job is given ``MXNET_KVSTORE_BIGARRAY_BOUND`` and
-``KVX_BIGARRAY_BOUND`` of 20,000, as the test gives it).  Worker ``r`` writes ``OUT.r.json``.
+the bound that splits a key when the job is given ``MXNET_KVSTORE_BIGARRAY_BOUND`` of
+20,000, as the test gives it; kvstore_ext's stores take it as MXNet's do).  Worker ``r`` writes ``OUT.r.json``.
 """
 import hashlib
 import json

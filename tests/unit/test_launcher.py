@@ -87,6 +87,28 @@ def test_servers_compute_as_jobenv_says_unless_told_otherwise(monkeypatch):
     assert all(env["MXNET_ENGINE_TYPE"] == "ThreadedEnginePerDevice" for env in servers + workers)
 
 
+def test_mxnets_bigarray_bound_reaches_every_node_unless_ours_is_given(monkeypatch):
+    """A user of MXNet sets MXNET_KVSTORE_BIGARRAY_BOUND: the keys are split where MXNet's
+    stores split them (it was ignored: LAMB's per-block norms gave other weights)."""
+    def bounds(*options):
+        args = build_parser().parse_args(["-n", "2", "-s", "2", *options, "python", "x.py"])
+        return {n.env.get(jobenv.BIGARRAY_BOUND) for n in Job(args).plan(1234)
+                if n.name != "scheduler"}
+    monkeypatch.delenv(jobenv.BIGARRAY_BOUND, raising=False)
+    monkeypatch.delenv(jobenv.MXNET_BIGARRAY_BOUND, raising=False)
+    assert bounds() == {None}
+    monkeypatch.setenv(jobenv.MXNET_BIGARRAY_BOUND, "100")
+    assert bounds() == {"100"}
+    assert bounds("--env", "KVX_BIGARRAY_BOUND:50") == {"50"}
+    for name, value in [(jobenv.SCHEDULER_HOST, "h"), (jobenv.SCHEDULER_PORT, "1"),
+                        (jobenv.NUM_WORKER, "1"), (jobenv.NUM_SERVER, "2"),
+                        (jobenv.SECRET, "ab" * 32)]:
+        monkeypatch.setenv(name, value)
+    assert jobenv.JobEnv.from_environ("worker").bigarray_bound == 100   # started by hand
+    monkeypatch.setenv(jobenv.BIGARRAY_BOUND, "7")
+    assert jobenv.JobEnv.from_environ("worker").bigarray_bound == 7
+
+
 def test_the_launchers_role_ends_with_its_import(monkeypatch, capsys):
     """A launcher imports the package in its own role (no mxnet); main() drops the role, so
     that no node it starts (horovodrun passes its whole environment on) could inherit it."""

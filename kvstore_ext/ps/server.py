@@ -1102,7 +1102,14 @@ class Server:
         if self.optimizer_blob is not None and worker in self.joined:
             pass   # a worker that joined runs with the job's optimizer and its states
         elif blob != self.optimizer_blob or store in self.optimizer_senders.get(worker, ()):
-            optimizer = pickle.loads(blob)   # authenticated by the job secret (see transport)
+            try:
+                optimizer = pickle.loads(blob)   # authenticated by the job secret (transport)
+            except (AttributeError, ImportError) as exc:
+                raise RequestError(
+                    f"the optimizer cannot be loaded on the servers ({type(exc).__name__}: "
+                    f"{exc}): a class defined in the training script itself is not there. "
+                    f"Define it in a module the servers can import and name that module with "
+                    f"launch.py --plugin MODULE (every process of the job imports it)") from None
             self._use_updater(optimizer)
             self.optimizer_blob = blob
             self.optimizer_senders = {}

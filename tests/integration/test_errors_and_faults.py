@@ -325,3 +325,13 @@ def test_a_value_that_is_not_an_ndarray_is_refused_on_every_worker_at_once(run_j
         assert f"worker {rank}: value 2.0" in log   # SGD-less store: the sum of the pushes
     waits = [float(t) for t in re.findall(r"got ndarray \((\d+\.\d) s\)", log)]
     assert max(waits) < 5, waits
+
+
+def test_an_optimizer_defined_in_the_script_is_refused_with_what_to_do(run_job):
+    code, log = run_job(2, 1, [os.path.join(JOBS, "script_optimizer.py"), "dist_bsp"],
+                        timeout=60)
+    assert code != 0
+    assert "trained" not in log
+    assert re.search(r"KVStoreError: the optimizer cannot be loaded on the servers "
+                     r"\(AttributeError: Can't get attribute 'HalfSGD'.*launch\.py --plugin "
+                     r"MODULE", log), log[-3000:]

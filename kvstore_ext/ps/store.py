@@ -318,6 +318,9 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         """Pull weights into ``out``; like MXNet, the arrays are filled through the engine."""
         if out is None:
             raise ValueError("pull needs out=")
+        if not ignore_sparse:   # MXNet's dist stores: CHECK(ignore_sparse) in PullImpl
+            raise KVStoreError(f"{self.type}: pull doesn't support ignore_sparse=False (as "
+                               f"MXNet's dist stores): its keys are dense")
         outs = grouped_pairs(key, out, "out")
         self._exchange(Op.PULL, [(k, None) for k, _ in outs], outs)
 

@@ -16,7 +16,8 @@ def test_bad_input_raises_clear_errors_and_the_server_keeps_serving(run_job, tmp
     code, log = run_job(2, 1, [os.path.join(JOBS, "bad_inputs.py"), out])
     assert code == 0, log[-4000:]
     r0, r1 = read_json(out + ".0.json"), read_json(out + ".1.json")
-    for what in ("uninitialised", "shape", "dtype", "reinit", "bad_key", "mixed_keys", "unknown_type",
+    for what in ("uninitialised", "shape", "dtype", "reinit", "bad_key", "ignore_sparse",
+                 "mixed_keys", "unknown_type",
                  "bad_staleness", "server_shape"):
         assert r0[what], what
     # both workers took part in the same 5 synchronous rounds afterwards: 0 - 5 * 0.1 * 2

@@ -56,6 +56,8 @@ def main():
         report["reinit"] = expect(lambda: kv.init(0, mx.nd.zeros((6,))),
                                   "key 0", "(2, 3)", "(6,)")
         report["bad_key"] = expect(lambda: kv.pushpull(1.5, mx.nd.ones((2, 3)), out=w), "1.5")
+        report["ignore_sparse"] = expect(lambda: kv.pull(0, out=w, ignore_sparse=False),
+                                         "doesn't support ignore_sparse=False")
         report["mixed_keys"] = expect(lambda: kv.init("w", mx.nd.zeros((2, 3))),
                                       "Mixed key types are not allowed", "'w'")
         report["unknown_type"] = expect(lambda: mx.kv.create("dist_nonsense"),

@@ -28,6 +28,8 @@ START_TIMEOUT = "KVX_START_TIMEOUT"
 WINDOW_MB = "KVX_WINDOW_MB"
 METRICS_DIR = "KVX_METRICS_DIR"
 BIGARRAY_BOUND = "KVX_BIGARRAY_BOUND"
+#: how the scheduler tells launch.py why a job failed: a line of its standard output
+FAILURE_LINE = "KVX_JOB_FAILURE="
 #: MXNet's own name for it, which MXNet's users set: taken when ours is not set
 MXNET_BIGARRAY_BOUND = "MXNET_KVSTORE_BIGARRAY_BOUND"
 WORKER_SPEED = "KVX_WORKER_SPEED"     # straggler emulation: speed of each worker, "1.0,0.43"

@@ -6,6 +6,7 @@ exit status is the job's), and Ctrl-C or SIGTERM stops all of them.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shlex
 import signal
@@ -164,6 +165,33 @@ class Node:
 CAUSE_GRACE = 2.0
 
 
+def failure_reason(pipe) -> Callable[[], str | None]:
+    """Reads, without waiting, the scheduler's ``jobenv.FAILURE_LINE`` from its output."""
+    seen = {"text": b"", "reason": None}
+
+    def read() -> str | None:
+        fd = pipe.fileno()
+        os.set_blocking(fd, False)
+        try:
+            while True:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                seen["text"] += chunk
+        except (BlockingIOError, OSError):
+            pass
+        for line in seen["text"].decode(errors="replace").splitlines():
+            if line.startswith(jobenv.FAILURE_LINE):
+                try:
+                    seen["reason"] = str(json.loads(line[len(jobenv.FAILURE_LINE):]))
+                except ValueError:
+                    pass
+                break
+        seen["text"] = seen["text"][-65536:]
+        return seen["reason"]
+    return read
+
+
 def _status(code: int) -> int:
     """A process's return code as an exit status (128 + N after signal N, as a shell's)."""
     return code if code > 0 else 128 - code
@@ -194,6 +222,8 @@ class Supervisor:
     def __init__(self, timeout: float = 0, elastic: bool = False):
         self.timeout, self.elastic = timeout, elastic
         self.nodes: list[Node] = []
+        #: why the job failed as its coordinator saw it (the scheduler's word), or None
+        self.reason: Callable[[], str | None] | None = None
 
     def spawn(self, node: Node, stdout=None) -> Node:
         """Start ``node``; from now on it is supervised and torn down with the job."""
@@ -284,6 +314,9 @@ class Supervisor:
                  next((f for f in failed if f[0].name != "scheduler"), failed[0]))
         print(f"launch.py: {cause[0].label} {_ended(cause[1])}; stopping the job",
               file=sys.stderr, flush=True)
+        why = self.reason() if self.reason is not None else None
+        if why:   # the node the job lost, which a frozen process never names by exiting
+            print(f"launch.py: the scheduler's reason: {why}", file=sys.stderr, flush=True)
         others = [f"{n.label} ({c})" for n, c in failed if n is not cause[0]]
         if others:
             print(f"launch.py: also failed (status): {', '.join(others)}", file=sys.stderr,

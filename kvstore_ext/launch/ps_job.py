@@ -15,7 +15,7 @@ from .. import jobenv
 from ..ps import faults
 from .hosts import address_towards, free_port, read_hostfile
 from .options import autoload_env, parse_env_pairs, store_env, straggler_env, worker_command
-from .process import Node, Supervisor, guarded
+from .process import Node, Supervisor, failure_reason, guarded
 
 #: variables a node on another host gets from this machine's environment, besides the job's
 #: own and those named by --env, --env-server and --env-worker
@@ -234,6 +234,7 @@ class Job:
         line = node.proc.stdout.readline().decode().strip()
         if not line.startswith(f"{jobenv.SCHEDULER_PORT}="):
             raise SystemExit(f"launch.py: the scheduler did not start (it printed {line!r})")
+        self.supervisor.reason = failure_reason(node.proc.stdout)
         return int(line.split("=", 1)[1])
 
     def start(self) -> None:

@@ -358,12 +358,20 @@ class Scheduler:
         for ident, h in self.pending + self.early_joiners:
             self.send(ident, {"op": Op.ABORT, "error": message}, h["node"])
         self.broadcast({"op": Op.ABORT, "error": message})
-        self.failure = message
-        self.exit_code = 1
+        self.fail(message)
         if not self.started:
             self.started = True   # fall through to shutdown handling
             for node in self.nodes.values():
                 node["state"] = "left"
+
+    def fail(self, message: str) -> None:
+        """The job fails for ``message``.  The first reason is also printed on standard
+        output (``jobenv.FAILURE_LINE``) for launch.py, whose last word would otherwise name the
+        first process to exit, not the node the job lost (a frozen one never exits)."""
+        if self.failure is None:
+            print(f"{jobenv.FAILURE_LINE}{json.dumps(message)}", flush=True)
+        self.failure = message
+        self.exit_code = 1
 
     # -- membership ------------------------------------------------------------------------
     def declare_dead(self, key, reason: str) -> None:
@@ -375,8 +383,7 @@ class Scheduler:
         log.error("%s %d is dead (%s)", role, rank, reason)
         notice = {"op": Op.NODE_DEAD, "role": role, "rank": rank, "reason": reason}
         if role == "server" or self.on_worker_death == "fail":
-            self.failure = f"{role} {rank} died ({reason})"
-            self.exit_code = 1
+            self.fail(f"{role} {rank} died ({reason})")
         self.broadcast(notice)
         if role == "server":
             self.abort(f"server {rank} died ({reason}); the job stops")

@@ -336,3 +336,15 @@ def test_an_optimizer_defined_in_the_script_is_refused_with_what_to_do(run_job):
     assert re.search(r"KVStoreError: the optimizer cannot be loaded on the servers "
                      r"\(AttributeError: Can't get attribute 'HalfSGD'.*launch\.py --plugin "
                      r"MODULE", log), log[-3000:]
+
+
+def test_the_launcher_names_a_frozen_worker_not_the_one_that_exited(run_job):
+    """A frozen worker never exits; the first process to exit is worker 0, which lost it.
+    The launcher's last lines said only 'worker 0 exited with status 1'; now they also give
+    the scheduler's reason, which names worker 1."""
+    code, log = run_job(2, 1, [os.path.join(JOBS, "freeze_self.py")],
+                        "--heartbeat-timeout", "2", timeout=60)
+    assert code == 1, log[-3000:]
+    assert "launch.py: worker 0 exited with status 1; stopping the job" in log, log[-3000:]
+    assert re.search(r"launch\.py: the scheduler's reason: worker 1 died \(its connection to "
+                     r"the scheduler closed", log), log[-3000:]

@@ -37,6 +37,8 @@ from .protocol import Op
 log = logging.getLogger("kvstore_ext")
 
 
+#: seconds a registering worker waits without any answer from the scheduler before it says so
+NO_SCHEDULER_NOTE_S = 10.0
 #: the errors that stop the whole job (every later call fails with one of them too)
 JOB_STOPS = (NodeLostError, JobAbortedError)
 _UNSEEN = threading.local()   # depth of unseen() on this thread
@@ -462,7 +464,8 @@ class Connection:
         self.sched_out, self.sched_in = self.codec.outbox(), self.codec.inbox()
         self.ctx = new_context()
         self.sched = configure(self.ctx.socket(zmq.DEALER), self.limits)
-        sched_monitor = self.sched.get_monitor_socket(zmq.EVENT_DISCONNECTED | HANDSHAKE_REFUSED)
+        sched_monitor = self.sched.get_monitor_socket(
+            zmq.EVENT_DISCONNECTED | HANDSHAKE_REFUSED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         monitors = {sched_monitor:
                     (SchedulerLostError, f"the scheduler at {self.env.scheduler_address}")}
         self.sched.connect(self.env.scheduler_address)
@@ -523,6 +526,8 @@ class Connection:
         deadline = time.monotonic() + start_timeout
         scheduler = f"the scheduler at {self.env.scheduler_address}"
         error = None
+        reached = False       # a scheduler of this job answered the connection
+        note_at = time.monotonic() + min(NO_SCHEDULER_NOTE_S, start_timeout / 2)
         while error is None:
             reply = receive_until(self.sched, self.sched_in, min(deadline, time.monotonic() + 0.2))
             if reply is not None:
@@ -530,6 +535,12 @@ class Connection:
                     error = JobAbortedError(reply[0]["error"])
                 break
             events = monitor_events(monitor)
+            reached = reached or zmq.EVENT_HANDSHAKE_SUCCEEDED in events
+            if not reached and note_at and time.monotonic() >= note_at:
+                note_at = 0   # said once: the wait is not silent
+                print(f"kvstore_ext worker: nothing answers at {self.env.scheduler_address} "
+                      f"yet; waiting up to {start_timeout:g} s for the job's scheduler "
+                      f"(launch.py --start-timeout)", file=sys.stderr, flush=True)
             if any(event & HANDSHAKE_REFUSED for event in events):
                 error = KVStoreError(
                     f"{scheduler} refused this process's connection at the handshake: it "
@@ -538,6 +549,11 @@ class Connection:
             elif zmq.EVENT_DISCONNECTED in events:   # gone, or frozen: it holds our registration
                 lost = connection_lost(scheduler, self.env.heartbeat_timeout)
                 error = SchedulerLostError(f"{lost} before the job started")
+            elif time.monotonic() >= deadline and not reached:
+                error = KVStoreError(f"nothing answered at {self.env.scheduler_address} in "
+                                     f"{start_timeout:g} s: no scheduler of this job runs "
+                                     f"there (the job has ended, or its launcher has not "
+                                     f"started it; launch.py --start-timeout)")
             elif time.monotonic() >= deadline:
                 error = KVStoreError(f"{scheduler} did not start the job within "
                                      f"{start_timeout:g} s (launch.py --start-timeout; are all "

@@ -3,6 +3,7 @@ import os
 import re
 import secrets
 import signal
+import subprocess
 import sys
 import time
 
@@ -348,3 +349,27 @@ def test_the_launcher_names_a_frozen_worker_not_the_one_that_exited(run_job):
     assert "launch.py: worker 0 exited with status 1; stopping the job" in log, log[-3000:]
     assert re.search(r"launch\.py: the scheduler's reason: worker 1 died \(its connection to "
                      r"the scheduler closed", log), log[-3000:]
+
+
+def test_a_worker_with_no_scheduler_to_reach_says_so_and_what_it_found(tmp_path):
+    """A worker joining a job that has ended (nothing listens at the scheduler's address):
+    it waited out the start timeout (600 s by default) in silence, then said the scheduler
+    did not start the job.  Now it says at once that nothing answers yet, and at the end that
+    no scheduler runs there."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]            # free again once closed: nothing listens there
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KVX_", "DMLC_"))}
+    env.update({"KVX_SCHEDULER_HOST": "127.0.0.1", "KVX_SCHEDULER_PORT": str(port),
+                "KVX_NUM_WORKER": "2", "KVX_NUM_SERVER": "1", "KVX_SECRET": secrets.token_hex(32),
+                "KVX_ROLE": "worker", "KVX_START_TIMEOUT": "4", "PYTHONPATH": ROOT})
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", "import mxnet as mx, kvstore_ext; "
+                                                 "mx.kv.create('dist_bsp')"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and time.monotonic() - t0 < 30
+    assert f"kvstore_ext worker: nothing answers at tcp://127.0.0.1:{port} yet; waiting up " \
+           f"to 4 s" in proc.stderr, proc.stderr[-3000:]
+    assert f"nothing answered at tcp://127.0.0.1:{port} in 4 s: no scheduler of this job runs " \
+           f"there (the job has ended" in proc.stderr, proc.stderr[-3000:]

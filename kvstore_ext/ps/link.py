@@ -29,9 +29,9 @@ from ..stalls import POOL_WAIT, PEER_HUNG, after_seconds, look_period, report
 from ..registry import StoreConfig, lookup as lookup_store
 from ..errors import (JobAbortedError, KVStoreError, NodeLostError, SchedulerLostError,  # noqa: F401
                      ServerLostError, WorkerLostError)
-from .transport import (HANDSHAKE_REFUSED, AuthError, Codec, Limits, Packed, configure,
-                        disconnected, message_size_problem, monitor_events, new_context,
-                        receive_until)
+from .transport import (HANDSHAKE_FAILED, HANDSHAKE_REFUSED, AuthError, Codec, Limits, Packed,
+                        configure, disconnected, message_size_problem, monitor_events,
+                        new_context, receive_until)
 from .protocol import Op
 
 log = logging.getLogger("kvstore_ext")
@@ -465,7 +465,7 @@ class Connection:
         self.ctx = new_context()
         self.sched = configure(self.ctx.socket(zmq.DEALER), self.limits)
         sched_monitor = self.sched.get_monitor_socket(
-            zmq.EVENT_DISCONNECTED | HANDSHAKE_REFUSED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         monitors = {sched_monitor:
                     (SchedulerLostError, f"the scheduler at {self.env.scheduler_address}")}
         self.sched.connect(self.env.scheduler_address)
@@ -527,6 +527,7 @@ class Connection:
         scheduler = f"the scheduler at {self.env.scheduler_address}"
         error = None
         reached = False       # a scheduler of this job answered the connection
+        failed = 0            # handshakes that failed without a reason given
         note_at = time.monotonic() + min(NO_SCHEDULER_NOTE_S, start_timeout / 2)
         while error is None:
             reply = receive_until(self.sched, self.sched_in, min(deadline, time.monotonic() + 0.2))
@@ -541,7 +542,8 @@ class Connection:
                 print(f"kvstore_ext worker: nothing answers at {self.env.scheduler_address} "
                       f"yet; waiting up to {start_timeout:g} s for the job's scheduler "
                       f"(launch.py --start-timeout)", file=sys.stderr, flush=True)
-            if any(event & HANDSHAKE_REFUSED for event in events):
+            failed += sum(1 for event in events if event & zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+            if any(event & HANDSHAKE_REFUSED for event in events) or failed >= 3:
                 error = KVStoreError(
                     f"{scheduler} refused this process's connection at the handshake: it "
                     f"belongs to another job, or this process's {jobenv.SECRET} (or "

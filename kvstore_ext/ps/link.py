@@ -345,6 +345,14 @@ def connection_lost(who: str, heartbeat_timeout: float) -> str:
             f"answering for {heartbeat_timeout:g} s")
 
 
+def stalled_then_lost(who: str, seconds: float, heartbeat_timeout: float) -> str:
+    """What a lost connection means right after this process did not run for ``seconds``."""
+    return (f"{who} closed its connection after this process did not run for {seconds:.0f} s "
+            f"(stopped, or starved of CPU), longer than the {heartbeat_timeout:g} s heartbeat "
+            f"timeout: its peers took it for dead, and the job most likely went on without "
+            f"it or stopped")
+
+
 class LinkThread(threading.Thread):
     """Receives replies and scheduler notices, watches the connections, sends heartbeats."""
 
@@ -365,15 +373,23 @@ class LinkThread(threading.Thread):
             poller.register(sock, zmq.POLLIN)
         interval = conn.env.heartbeat_interval
         next_beat = 0.0
+        last = time.monotonic()
+        stalled = (0.0, 0.0)   # (seconds, when) of the last stretch this thread did not run
         try:
             while not self.stopping.is_set():
                 now = time.monotonic()
+                if now - last > conn.env.heartbeat_timeout:
+                    stalled = (now - last, now)
+                last = now
                 if now >= next_beat:   # tells the scheduler where to send notices
                     self.hb.send_multipart(conn.codec.seal(
                         {"op": Op.HEARTBEAT, "role": "worker", "rank": conn.rank},
                         to="scheduler", outbox=hb_out))
                     next_beat = now + interval
                 events = dict(poller.poll(int(min(interval, 0.2) * 1000)))
+                woke = time.monotonic()   # a process stopped in the poll wakes here
+                if woke - now > conn.env.heartbeat_timeout:
+                    stalled = (woke - now, woke)
                 for sock, inbox in zip(self.rx, self.rx_in):
                     if sock in events:
                         self._drain_replies(sock, inbox)
@@ -382,6 +398,8 @@ class LinkThread(threading.Thread):
                 for monitor, (error_type, who) in self.monitors.items():
                     if monitor in events and disconnected(monitor) and not conn.failure:
                         cause = connection_lost(who, conn.env.heartbeat_timeout)
+                        if woke - stalled[1] < 2 * conn.env.heartbeat_timeout + 1:
+                            cause = stalled_then_lost(who, stalled[0], conn.env.heartbeat_timeout)
                         conn.set_failure(f"{cause}; the job stops", error_type)
                         if error_type is ServerLostError:
                             self._tell_scheduler(cause, hb_out)

@@ -373,3 +373,24 @@ def test_a_worker_with_no_scheduler_to_reach_says_so_and_what_it_found(tmp_path)
            f"to 4 s" in proc.stderr, proc.stderr[-3000:]
     assert f"nothing answered at tcp://127.0.0.1:{port} in 4 s: no scheduler of this job runs " \
            f"there (the job has ended" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_worker_frozen_past_the_timeout_is_told_so_when_it_wakes(tmp_path):
+    """Worker 1 is stopped (SIGSTOP) for 5 s, past the 2 s heartbeat timeout, under
+    ``continue``: the others go on without it.  When it runs again it was told the server
+    (or the scheduler) closed its connection, as if that peer had died; now it is told that
+    it did not run for 5 s itself, and what follows from that."""
+    job = ManualJob(tmp_path, 2, "continue", ["dist_asp", "3000", "-1"])
+    try:
+        wait_until(lambda: "worker 1 started" in job.output(1), 60)
+        time.sleep(0.5)
+        os.kill(job.workers[1].pid, signal.SIGSTOP)
+        time.sleep(5)
+        os.kill(job.workers[1].pid, signal.SIGCONT)
+        assert job.workers[1].wait(timeout=60) != 0
+        out = job.output(1)
+        assert re.search(r"closed its connection after this process did not run for [5-9] s "
+                         r"\(stopped, or starved of CPU\), longer than the 2 s heartbeat timeout",
+                         out), out[-3000:]
+    finally:
+        job.kill()

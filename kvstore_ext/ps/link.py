@@ -30,7 +30,7 @@ from ..registry import StoreConfig, lookup as lookup_store
 from ..errors import (JobAbortedError, KVStoreError, NodeLostError, SchedulerLostError,  # noqa: F401
                      ServerLostError, WorkerLostError)
 from .transport import (HANDSHAKE_FAILED, HANDSHAKE_REFUSED, AuthError, Codec, Limits, Packed,
-                        configure, disconnected, message_size_problem, monitor_events,
+                        configure, destroy, disconnected, message_size_problem, monitor_events,
                         new_context, receive_until)
 from .protocol import Op
 
@@ -487,6 +487,7 @@ class Connection:
         monitors = {sched_monitor:
                     (SchedulerLostError, f"the scheduler at {self.env.scheduler_address}")}
         self.sched.connect(self.env.scheduler_address)
+        self.monitored = [self.sched]   # sockets whose monitors stop before the context ends
         self.seq = itertools.count(1)
         self.tickets: dict[int, Ticket] = {}
         self.progress = threading.Condition()   # notified when a part of a reply arrives
@@ -511,6 +512,7 @@ class Connection:
             sock = configure(self.ctx.socket(zmq.DEALER), self.limits)
             monitors[sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)] = \
                 (ServerLostError, f"server {j} at {addr}")
+            self.monitored.append(sock)
             sock.connect(addr)
             self.tx.append(sock)
             self.tx_out.append(self.codec.outbox())
@@ -523,7 +525,7 @@ class Connection:
         try:
             self._hello(rx, start_timeout, monitors)
         except KVStoreError:
-            self.ctx.destroy(0)
+            destroy(self.ctx, self.monitored)
             self.closed = True
             raise
         hb = configure(self.ctx.socket(zmq.DEALER), self.limits)
@@ -580,7 +582,7 @@ class Connection:
                                      f"{self.env.num_workers} workers and "
                                      f"{self.env.num_servers} servers running?)")
         if error is not None:
-            self.ctx.destroy(0)
+            destroy(self.ctx, self.monitored)
             self.closed = True
             raise error
         header = reply[0]
@@ -864,4 +866,4 @@ class Connection:
             self.stall_watch.stopping.set()
             self.link.stopping.set()
             self.link.join(timeout=2)
-            self.ctx.destroy(0)
+            destroy(self.ctx, self.monitored)

@@ -25,7 +25,7 @@ from .. import jobenv
 from zmq.utils.monitor import recv_monitor_message
 
 from .transport import (HANDSHAKE_FAILED, AuthError, Codec, HandshakeGuard, Limits, configure,
-                        handshake_password, new_context, recv_message)
+                        destroy, handshake_password, new_context, recv_message)
 from .protocol import SCHEDULER_OPS, Op
 
 ROLES = ("worker", "server")
@@ -136,7 +136,7 @@ class Scheduler:
         if refused:
             log.warning("messages refused during the job: %s", json.dumps(refused, sort_keys=True))
         self.guard.stop()
-        self.ctx.destroy(0)
+        destroy(self.ctx, [self.sock])
         return self.exit_code
 
     def missing_at_start(self) -> str:

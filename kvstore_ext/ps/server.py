@@ -30,8 +30,8 @@ from ..policies.base import MAX_REPLY_HOLD_S
 
 from .protocol import BLOCK, DTYPE, INIT_SIZE, KEY, SHAPE, SIZE, Op, check_request
 from .transport import (HANDSHAKE_FAILED, AuthError, Codec, HandshakeGuard, Limits, Packed,
-                        array_from_buffer, bind_random, configure, disconnected, monitor_events,
-                        new_context, receive_until, recv_message)
+                        array_from_buffer, bind_random, configure, destroy, disconnected,
+                        monitor_events, new_context, receive_until, recv_message)
 
 log = logging.getLogger("kvstore_ext.server")
 
@@ -513,7 +513,7 @@ class Server:
         if self.env.metrics_dir:
             write_json(self.env.metrics_dir, f"server-{self.rank}.json", self.stats())
         self.guard.stop()
-        self.ctx.destroy(0)
+        destroy(self.ctx, [self.router, self.sched])
 
     def handle(self, frames) -> None:
         """One request: authenticated, checked against the schema, then served.  Nothing

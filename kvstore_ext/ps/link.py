@@ -487,7 +487,6 @@ class Connection:
         monitors = {sched_monitor:
                     (SchedulerLostError, f"the scheduler at {self.env.scheduler_address}")}
         self.sched.connect(self.env.scheduler_address)
-        self.monitored = [self.sched]   # sockets whose monitors stop before the context ends
         self.seq = itertools.count(1)
         self.tickets: dict[int, Ticket] = {}
         self.progress = threading.Condition()   # notified when a part of a reply arrives
@@ -512,7 +511,6 @@ class Connection:
             sock = configure(self.ctx.socket(zmq.DEALER), self.limits)
             monitors[sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)] = \
                 (ServerLostError, f"server {j} at {addr}")
-            self.monitored.append(sock)
             sock.connect(addr)
             self.tx.append(sock)
             self.tx_out.append(self.codec.outbox())
@@ -525,7 +523,7 @@ class Connection:
         try:
             self._hello(rx, start_timeout, monitors)
         except KVStoreError:
-            destroy(self.ctx, self.monitored)
+            destroy(self.ctx)
             self.closed = True
             raise
         hb = configure(self.ctx.socket(zmq.DEALER), self.limits)
@@ -582,7 +580,7 @@ class Connection:
                                      f"{self.env.num_workers} workers and "
                                      f"{self.env.num_servers} servers running?)")
         if error is not None:
-            destroy(self.ctx, self.monitored)
+            destroy(self.ctx)
             self.closed = True
             raise error
         header = reply[0]
@@ -866,4 +864,4 @@ class Connection:
             self.stall_watch.stopping.set()
             self.link.stopping.set()
             self.link.join(timeout=2)
-            destroy(self.ctx, self.monitored)
+            destroy(self.ctx)

@@ -136,7 +136,7 @@ class Scheduler:
         if refused:
             log.warning("messages refused during the job: %s", json.dumps(refused, sort_keys=True))
         self.guard.stop()
-        destroy(self.ctx, [self.sock])
+        destroy(self.ctx)
         return self.exit_code
 
     def missing_at_start(self) -> str:

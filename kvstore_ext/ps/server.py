@@ -513,7 +513,7 @@ class Server:
         if self.env.metrics_dir:
             write_json(self.env.metrics_dir, f"server-{self.rank}.json", self.stats())
         self.guard.stop()
-        destroy(self.ctx, [self.router, self.sched])
+        destroy(self.ctx)
 
     def handle(self, frames) -> None:
         """One request: authenticated, checked against the schema, then served.  Nothing

@@ -563,17 +563,26 @@ HANDSHAKE_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED
 HANDSHAKE_FAILED = HANDSHAKE_REFUSED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 
 
-def destroy(ctx: zmq.Context, monitored=()) -> None:
-    """Close ``ctx``'s sockets and end it, the socket monitors of ``monitored`` stopped first:
-    closing a socket whose monitor is live can hang ``zmq_ctx_term`` (libzmq issues 1279 and
-    2083); a worker refused at the handshake hung there, silent, in about one run of fifty."""
-    for sock in monitored:
-        if not sock.closed:
-            try:
-                sock.disable_monitor()
-            except zmq.ZMQError:
-                pass
-    ctx.destroy(0)
+#: seconds a node waits for ZeroMQ's context to end before it goes on without it
+CONTEXT_END_S = 5.0
+
+
+def destroy(ctx: zmq.Context) -> None:
+    """Close ``ctx``'s sockets and end it, waiting :data:`CONTEXT_END_S` s at most, in a
+    thread of its own: ending a context whose sockets have socket monitors can hang
+    ``zmq_ctx_term`` (libzmq issues 1279 and 2083; stopping the monitors first,
+    ``disable_monitor``, hung too).  A worker refused at the handshake hung there, silent, in
+    about one run of fifty, and its error was never raised."""
+    import threading
+    ender = threading.Thread(target=ctx.destroy, args=(0,), name="kvstore_ext-zmq-end",
+                             daemon=True)
+    ender.start()
+    ender.join(CONTEXT_END_S)
+    if ender.is_alive():
+        import logging
+        logging.getLogger("kvstore_ext").warning(
+            "ZeroMQ's context did not end within %g s (zmq_ctx_term); going on without it",
+            CONTEXT_END_S)
 
 
 def monitor_events(monitor) -> list[int]:

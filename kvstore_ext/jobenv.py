@@ -111,10 +111,16 @@ def _env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)
     if raw in (None, ""):
         return default
+    return positive(raw, name)
+
+
+def positive(raw: str, name: str) -> float:
+    """``raw`` as a number above 0 and below :data:`MAX_SECONDS` (NaN is not), else a
+    ValueError naming ``name``."""
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
+        raise ValueError(f"{name} must be a number, got {raw!r}") from None
     if not 0 < value < MAX_SECONDS:   # NaN too
         raise ValueError(f"{name} must be > 0 and below {MAX_SECONDS:g}, got {raw!r}")
     return value
@@ -125,11 +131,9 @@ def _env_float(name: str, default: float) -> float:
 MAX_SECONDS = 365 * 86400.0
 
 
-def _env_int(name: str, default: int | None = None) -> int:
-    raw = os.environ.get(name)
+def _int(raw, name: str, default: int | None = None) -> int | None:
+    """``raw`` as an integer (``default`` when unset), else a ValueError naming ``name``."""
     if raw in (None, ""):
-        if default is None:
-            raise ValueError(f"{name} is not set")
         return default
     try:
         return int(raw)
@@ -137,14 +141,11 @@ def _env_int(name: str, default: int | None = None) -> int:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from None
 
 
-def _rank(raw) -> int | None:
-    if raw in (None, ""):
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"a worker's rank ({WORKER_RANK}, OMPI_COMM_WORLD_RANK or PMI_RANK) "
-                         f"must be an integer, got {raw!r}") from None
+def _env_int(name: str, default: int | None = None) -> int:
+    value = _int(os.environ.get(name), name, default)
+    if value is None:
+        raise ValueError(f"{name} is not set")
+    return value
 
 
 class NotInAJob(RuntimeError):
@@ -196,7 +197,8 @@ class JobEnv:
             num_servers=_env_int(NUM_SERVER),
             secret=secret,
             node_host=env.get(NODE_HOST) or env[SCHEDULER_HOST],
-            worker_rank=_rank(rank),
+            worker_rank=_int(rank, f"a worker's rank ({WORKER_RANK}, OMPI_COMM_WORLD_RANK "
+                                   f"or PMI_RANK)"),
             on_worker_death=on_death,
             heartbeat_interval=interval,
             heartbeat_timeout=_env_float(HEARTBEAT_TIMEOUT, max(10.0, 5 * interval)),

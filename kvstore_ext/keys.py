@@ -3,6 +3,7 @@ calls of MXNet's own stores that every kvstore_ext store answers alike (:class:`
 from __future__ import annotations
 
 import numpy as np
+from mxnet.ndarray import NDArray
 
 
 def as_list(x) -> list:
@@ -25,7 +26,6 @@ def pairs(key, value, what: str = "value") -> list:
         found = list(zip(key, values))
     else:
         found = [(key, value)]
-    from mxnet.ndarray import NDArray
     for k, v in found:
         for a in (v if isinstance(v, (list, tuple)) else (v,)):
             if not isinstance(a, NDArray):

@@ -17,16 +17,12 @@ from .ps_job import Job
 
 
 def positive(text: str) -> float:
-    """An option's number of seconds (or MB): above 0 and below a year, not NaN (ZeroMQ takes
-    its timeouts in milliseconds in a C int)."""
+    """An option's number of seconds (or MB), checked as the job's variables are
+    (:func:`jobenv.positive`: above 0, below a year, not NaN)."""
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value < jobenv.MAX_SECONDS:
-        raise argparse.ArgumentTypeError(f"must be above 0 and below {jobenv.MAX_SECONDS:g}, "
-                                         f"got {text!r}")
-    return value
+        return jobenv.positive(text, "the value")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

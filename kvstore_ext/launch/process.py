@@ -166,29 +166,21 @@ CAUSE_GRACE = 2.0
 
 
 def failure_reason(pipe) -> Callable[[], str | None]:
-    """Reads, without waiting, the scheduler's ``jobenv.FAILURE_LINE`` from its output."""
-    seen = {"text": b"", "reason": None}
-
+    """Reads, without waiting, the scheduler's ``jobenv.FAILURE_LINE`` from its output (the
+    only line it prints after its port)."""
     def read() -> str | None:
-        fd = pipe.fileno()
-        os.set_blocking(fd, False)
+        os.set_blocking(pipe.fileno(), False)
         try:
-            while True:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    break
-                seen["text"] += chunk
-        except (BlockingIOError, OSError):
-            pass
-        for line in seen["text"].decode(errors="replace").splitlines():
+            text = os.read(pipe.fileno(), 65536).decode(errors="replace")
+        except OSError:   # nothing printed yet (BlockingIOError), or the pipe is gone
+            return None
+        for line in text.splitlines():
             if line.startswith(jobenv.FAILURE_LINE):
                 try:
-                    seen["reason"] = str(json.loads(line[len(jobenv.FAILURE_LINE):]))
+                    return str(json.loads(line[len(jobenv.FAILURE_LINE):]))
                 except ValueError:
-                    pass
-                break
-        seen["text"] = seen["text"][-65536:]
-        return seen["reason"]
+                    return None
+        return None
     return read
 
 

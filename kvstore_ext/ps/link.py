@@ -373,23 +373,21 @@ class LinkThread(threading.Thread):
             poller.register(sock, zmq.POLLIN)
         interval = conn.env.heartbeat_interval
         next_beat = 0.0
-        last = time.monotonic()
+        last = time.monotonic()   # when the last poll returned
         stalled = (0.0, 0.0)   # (seconds, when) of the last stretch this thread did not run
         try:
             while not self.stopping.is_set():
                 now = time.monotonic()
-                if now - last > conn.env.heartbeat_timeout:
-                    stalled = (now - last, now)
-                last = now
                 if now >= next_beat:   # tells the scheduler where to send notices
                     self.hb.send_multipart(conn.codec.seal(
                         {"op": Op.HEARTBEAT, "role": "worker", "rank": conn.rank},
                         to="scheduler", outbox=hb_out))
                     next_beat = now + interval
                 events = dict(poller.poll(int(min(interval, 0.2) * 1000)))
-                woke = time.monotonic()   # a process stopped in the poll wakes here
-                if woke - now > conn.env.heartbeat_timeout:
-                    stalled = (woke - now, woke)
+                woke = time.monotonic()   # a process stopped anywhere in the loop: seen here
+                if woke - last > conn.env.heartbeat_timeout:
+                    stalled = (woke - last, woke)
+                last = woke
                 for sock, inbox in zip(self.rx, self.rx_in):
                     if sock in events:
                         self._drain_replies(sock, inbox)

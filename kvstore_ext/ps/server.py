@@ -822,13 +822,12 @@ class Server:
                           outstanding=len(parts))
         decisions = []
         self.metrics.pushes_received += len(route.slots)
-        ahead = [not group.policy.accepts_now(worker) or group.holds_push_of(worker)
-                 for group, _, _ in parts]
-        if any(ahead):
-            self.check_held(worker, [buffers if pick is None else pick(buffers)
-                                     for (_, pick, _), later in zip(parts, ahead) if later])
-        for (group, pick, _), later in zip(parts, ahead):
-            arrays = buffers if pick is None else pick(buffers)
+        picked = [(group, buffers if pick is None else pick(buffers),
+                   not group.policy.accepts_now(worker) or group.holds_push_of(worker))
+                  for group, pick, _ in parts]
+        if any(later for _, _, later in picked):
+            self.check_held(worker, [arrays for _, arrays, later in picked if later])
+        for group, arrays, later in picked:
             if later:   # a push for a later round
                 group.held.append((worker, arrays, pending))
                 held = self.held_of.setdefault(worker, [0, 0])

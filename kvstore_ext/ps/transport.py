@@ -37,6 +37,7 @@ import hashlib
 import hmac
 import itertools
 import json
+import logging
 import math
 import os
 import struct
@@ -573,13 +574,11 @@ def destroy(ctx: zmq.Context) -> None:
     ``zmq_ctx_term`` (libzmq issues 1279 and 2083; stopping the monitors first,
     ``disable_monitor``, hung too).  A worker refused at the handshake hung there, silent, in
     about one run of fifty, and its error was never raised."""
-    import threading
     ender = threading.Thread(target=ctx.destroy, args=(0,), name="kvstore_ext-zmq-end",
                              daemon=True)
     ender.start()
     ender.join(CONTEXT_END_S)
     if ender.is_alive():
-        import logging
         logging.getLogger("kvstore_ext").warning(
             "ZeroMQ's context did not end within %g s (zmq_ctx_term); going on without it",
             CONTEXT_END_S)

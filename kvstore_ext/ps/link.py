@@ -23,22 +23,21 @@ import time
 
 import zmq
 
-from .. import engine, jobenv
+from .. import engine
 from ..jobenv import JobEnv
 from ..stalls import POOL_WAIT, PEER_HUNG, after_seconds, look_period, report
 from ..registry import StoreConfig, lookup as lookup_store
 from ..errors import (JobAbortedError, KVStoreError, NodeLostError, SchedulerLostError,  # noqa: F401
                      ServerLostError, WorkerLostError)
-from .transport import (HANDSHAKE_FAILED, HANDSHAKE_REFUSED, AuthError, Codec, Limits, Packed,
-                        configure, destroy, disconnected, message_size_problem, monitor_events,
-                        new_context, receive_until)
+from .transport import (AuthError, Codec, Limits, Packed, configure, destroy, disconnected,
+                        message_size_problem, new_context, queue)
+from . import rendezvous
 from .protocol import Op
+from .rendezvous import connection_lost
 
 log = logging.getLogger("kvstore_ext")
 
 
-#: seconds a registering worker waits without any answer from the scheduler before it says so
-NO_SCHEDULER_NOTE_S = 10.0
 #: the errors that stop the whole job (every later call fails with one of them too)
 JOB_STOPS = (NodeLostError, JobAbortedError)
 _UNSEEN = threading.local()   # depth of unseen() on this thread
@@ -339,12 +338,6 @@ def note_uncaught() -> None:
     sys.excepthook = hook
 
 
-def connection_lost(who: str, heartbeat_timeout: float) -> str:
-    """What a lost connection to ``who`` means, for the error it raises."""
-    return (f"{who} closed its connection: it exited or was killed, or its host stopped "
-            f"answering for {heartbeat_timeout:g} s")
-
-
 def stalled_then_lost(who: str, seconds: float, heartbeat_timeout: float) -> str:
     """What a lost connection means right after this process did not run for ``seconds``."""
     return (f"{who} closed its connection after this process did not run for {seconds:.0f} s "
@@ -379,7 +372,7 @@ class LinkThread(threading.Thread):
             while not self.stopping.is_set():
                 now = time.monotonic()
                 if now >= next_beat:   # tells the scheduler where to send notices
-                    self.hb.send_multipart(conn.codec.seal(
+                    queue(self.hb, conn.codec.seal(   # dropped if the queue is full
                         {"op": Op.HEARTBEAT, "role": "worker", "rank": conn.rank},
                         to="scheduler", outbox=hb_out))
                     next_beat = now + interval
@@ -473,15 +466,13 @@ class Connection:
         #: its gradients or its output arrays (:class:`EngineWaits`)
         self.engine_wait: tuple | None = None
         self.limits = Limits.for_job(self.env)
-        start_timeout = self.env.start_timeout
         self.node = f"node:{os.urandom(6).hex()}"
         self.codec = Codec(self.env.secret, names={self.node},
                            max_frame_bytes=self.limits.max_frame_bytes)
         self.sched_out, self.sched_in = self.codec.outbox(), self.codec.inbox()
         self.ctx = new_context()
         self.sched = configure(self.ctx.socket(zmq.DEALER), self.limits)
-        sched_monitor = self.sched.get_monitor_socket(
-            zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        sched_monitor = self.sched.get_monitor_socket(rendezvous.EVENTS)
         monitors = {sched_monitor:
                     (SchedulerLostError, f"the scheduler at {self.env.scheduler_address}")}
         self.sched.connect(self.env.scheduler_address)
@@ -500,7 +491,7 @@ class Connection:
         self.inflight = 0                           # bytes of requests not yet answered
         self.bytes_sent = self.bytes_received = 0   # array bytes of requests and replies
         self.store = store
-        self._register(store, start_timeout, sched_monitor)
+        self._register(store, sched_monitor)
         self.codec.names.add(f"worker:{self.rank}")
         self.tx, rx = [], []
         self.tx_out = []
@@ -519,7 +510,7 @@ class Connection:
             rx.append(sock)
             self.rx_names.append(name)
         try:
-            self._hello(rx, start_timeout, monitors)
+            self._hello(rx, self.env.start_timeout, monitors)
         except KVStoreError:
             destroy(self.ctx)
             self.closed = True
@@ -534,54 +525,18 @@ class Connection:
         note_uncaught()
         atexit.register(self.close)
 
-    def _register(self, store: StoreConfig, start_timeout: float, monitor) -> None:
-        self.sched.send_multipart(self.codec.seal(
+    def _register(self, store: StoreConfig, monitor) -> None:
+        registration = self.codec.seal(
             {"op": Op.REGISTER, "role": "worker", "rank_hint": self.env.worker_rank,
              "store": store.to_wire(), "node": self.node, "joining": self.env.joining},
-            to="scheduler", outbox=self.sched_out))
-        deadline = time.monotonic() + start_timeout
-        scheduler = f"the scheduler at {self.env.scheduler_address}"
-        error = None
-        reached = False       # a scheduler of this job answered the connection
-        failed = 0            # handshakes that failed without a reason given
-        note_at = time.monotonic() + min(NO_SCHEDULER_NOTE_S, start_timeout / 2)
-        while error is None:
-            reply = receive_until(self.sched, self.sched_in, min(deadline, time.monotonic() + 0.2))
-            if reply is not None:
-                if reply[0]["op"] == Op.ABORT:
-                    error = JobAbortedError(reply[0]["error"])
-                break
-            events = monitor_events(monitor)
-            reached = reached or zmq.EVENT_HANDSHAKE_SUCCEEDED in events
-            if not reached and note_at and time.monotonic() >= note_at:
-                note_at = 0   # said once: the wait is not silent
-                print(f"kvstore_ext worker: nothing answers at {self.env.scheduler_address} "
-                      f"yet; waiting up to {start_timeout:g} s for the job's scheduler "
-                      f"(launch.py --start-timeout)", file=sys.stderr, flush=True)
-            failed += sum(1 for event in events if event & zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-            if any(event & HANDSHAKE_REFUSED for event in events) or failed >= 3:
-                error = KVStoreError(
-                    f"{scheduler} refused this process's connection at the handshake: it "
-                    f"belongs to another job, or this process's {jobenv.SECRET} (or "
-                    f"{jobenv.CURVE}) is not the job's")
-            elif zmq.EVENT_DISCONNECTED in events:   # gone, or frozen: it holds our registration
-                lost = connection_lost(scheduler, self.env.heartbeat_timeout)
-                error = SchedulerLostError(f"{lost} before the job started")
-            elif time.monotonic() >= deadline and not reached:
-                error = KVStoreError(f"nothing answered at {self.env.scheduler_address} in "
-                                     f"{start_timeout:g} s: no scheduler of this job runs "
-                                     f"there (the job has ended, or its launcher has not "
-                                     f"started it; launch.py --start-timeout)")
-            elif time.monotonic() >= deadline:
-                error = KVStoreError(f"{scheduler} did not start the job within "
-                                     f"{start_timeout:g} s (launch.py --start-timeout; are all "
-                                     f"{self.env.num_workers} workers and "
-                                     f"{self.env.num_servers} servers running?)")
-        if error is not None:
+            to="scheduler", outbox=self.sched_out)
+        try:
+            header = rendezvous.join(self.sched, self.sched_in, registration, monitor, self.env,
+                                     "worker")
+        except KVStoreError:
             destroy(self.ctx)
             self.closed = True
-            raise error
-        header = reply[0]
+            raise
         self.topology = header
         self.rank = header["rank"]
         self.num_workers = header["num_workers"]
@@ -722,8 +677,13 @@ class Connection:
             if self.failure:   # set while we waited: the ticket would never be answered
                 self.finished(seq)
                 self.raise_failure()
-            self.tx[server].send_multipart(self.codec.seal(
-                header, buffers, to=f"server:{server}", outbox=self.tx_out[server]), copy=False)
+            frames = self.codec.seal(header, buffers, to=f"server:{server}",
+                                     outbox=self.tx_out[server])
+            while not queue(self.tx[server], frames, copy=False):   # the server's queue is full
+                self.tx[server].poll(100, zmq.POLLOUT)
+                if self.failure:   # it died with its queue full: the queue never empties
+                    self.finished(seq)
+                    self.raise_failure()
             self.bytes_sent += nbytes
             tickets[server] = ticket
 

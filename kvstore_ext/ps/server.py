@@ -23,15 +23,17 @@ import numpy as np
 import zmq
 
 from .. import jobenv, registry
+from ..errors import KVStoreError
 from .faults import FaultPlan
 from .heap import keep_freed_buffers
 from ..metrics import ServerMetrics, write_json
 from ..policies.base import MAX_REPLY_HOLD_S
 
+from . import rendezvous
 from .protocol import BLOCK, DTYPE, INIT_SIZE, KEY, SHAPE, SIZE, Op, check_request
 from .transport import (HANDSHAKE_FAILED, AuthError, Codec, HandshakeGuard, Limits, Packed,
                         array_from_buffer, bind_random, configure, destroy, disconnected,
-                        monitor_events, new_context, receive_until, recv_message)
+                        monitor_events, new_context, recv_message)
 
 log = logging.getLogger("kvstore_ext.server")
 
@@ -278,8 +280,9 @@ class Server:
         self.router_monitor = self.router.get_monitor_socket(HANDSHAKE_FAILED)
         self.port = bind_random(self.router, env.node_host)
         self.sched = configure(self.ctx.socket(zmq.DEALER), self.limits)
-        # the scheduler's connection closing means it is gone: ZeroMQ tells at once
-        self.sched_monitor = self.sched.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        # the scheduler's connection closing means it is gone: ZeroMQ tells at once (and at
+        # the start, that it refused this server)
+        self.sched_monitor = self.sched.get_monitor_socket(rendezvous.EVENTS)
         self.sched.connect(env.scheduler_address)
         self.slots: dict[tuple, Slot] = {}
         self.homes: dict = {}   # key dtype -> FlatArrays holding its blocks (of home_dtype)
@@ -312,7 +315,7 @@ class Server:
         self.value_replies: list = []     # Pending requests answered at the end of the pass
         self.value_replies_since = 0.0
         self._timer_ids = itertools.count()
-        self._register(env.start_timeout)
+        self._register()
         self.metrics = ServerMetrics(self.rank)
         self.faults = FaultPlan.from_env(self.rank)
         # a store type whose rounds are not a per-key SyncPolicy brings its own request
@@ -326,17 +329,16 @@ class Server:
                              Op.PULL: self.handler.op_pull})
 
     # -- rendezvous --------------------------------------------------------------------------
-    def _register(self, start_timeout: float) -> None:
-        self.sched.send_multipart(self.codec.seal(
+    def _register(self) -> None:
+        registration = self.codec.seal(
             {"op": Op.REGISTER, "role": "server", "host": self.env.node_host, "port": self.port,
-             "node": self.node}, to="scheduler", outbox=self.sched_out))
-        reply = receive_until(self.sched, self.sched_in, time.monotonic() + start_timeout)
-        if reply is None:
-            raise RuntimeError(f"the scheduler at {self.env.scheduler_address} did not start "
-                               f"the job within {start_timeout:g} s (launch.py --start-timeout)")
-        header = reply[0]
-        if header["op"] == Op.ABORT:
-            raise RuntimeError(header["error"])
+             "node": self.node}, to="scheduler", outbox=self.sched_out)
+        try:
+            header = rendezvous.join(self.sched, self.sched_in, registration,
+                                     self.sched_monitor, self.env, "server")
+        except KVStoreError:
+            destroy(self.ctx)
+            raise
         self.rank = header["rank"]
         self.codec.names.add(f"server:{self.rank}")
         self.num_workers = header["num_workers"]

@@ -37,7 +37,6 @@ import hashlib
 import hmac
 import itertools
 import json
-import logging
 import math
 import os
 import struct
@@ -564,24 +563,22 @@ HANDSHAKE_REFUSED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED
 HANDSHAKE_FAILED = HANDSHAKE_REFUSED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 
 
-#: seconds a node waits for ZeroMQ's context to end before it goes on without it
-CONTEXT_END_S = 5.0
-
-
 def destroy(ctx: zmq.Context) -> None:
-    """Close ``ctx``'s sockets and end it, waiting :data:`CONTEXT_END_S` s at most, in a
-    thread of its own: ending a context whose sockets have socket monitors can hang
-    ``zmq_ctx_term`` (libzmq issues 1279 and 2083; stopping the monitors first,
-    ``disable_monitor``, hung too).  A worker refused at the handshake hung there, silent, in
-    about one run of fifty, and its error was never raised."""
-    ender = threading.Thread(target=ctx.destroy, args=(0,), name="kvstore_ext-zmq-end",
-                             daemon=True)
-    ender.start()
-    ender.join(CONTEXT_END_S)
-    if ender.is_alive():
-        logging.getLogger("kvstore_ext").warning(
-            "ZeroMQ's context did not end within %g s (zmq_ctx_term); going on without it",
-            CONTEXT_END_S)
+    """Close ``ctx``'s sockets, dropping what they still queue, and end it."""
+    ctx.destroy(0)
+
+
+def queue(sock: zmq.Socket, frames: list, copy: bool = True) -> bool:
+    """Queue ``frames`` on ``sock`` without blocking; False when it cannot take them now (its
+    queue is full, or it has no connection to queue them on), and they must be sent again.
+    A blocking send on such a socket can wait forever: after a peer refused it at the
+    handshake, ZeroMQ keeps no connection to queue on, and a full queue to a peer that died
+    does not empty."""
+    try:
+        sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)
+    except zmq.Again:
+        return False
+    return True
 
 
 def monitor_events(monitor) -> list[int]:

@@ -118,20 +118,28 @@ def test_a_worker_whose_script_raises_stops_the_job_with_the_exception(tmp_path)
         job.kill()
 
 
-def test_a_worker_with_another_jobs_secret_is_told_so_at_once(tmp_path):
-    """Worker 1 has another job's ``KVX_SECRET``: the scheduler refuses its connection at the
-    handshake.  Before, its messages were dropped unread and it waited out the start timeout
-    (600 s by default), then said the job did not start."""
+def test_a_worker_or_server_with_another_jobs_secret_is_told_so_at_once(tmp_path):
+    """Worker 1, and a second server, have another job's ``KVX_SECRET``: the scheduler refuses
+    their connections at the handshake.  Before, the worker's messages were dropped unread and
+    it waited out the start timeout (600 s by default), then said the job did not start; the
+    server waited that long and said the same."""
     other = secrets.token_hex(32)
     job = ManualJob(tmp_path, 2, "fail", ["dist_bsp", "20"], worker_env={1: {"KVX_SECRET": other}})
+    stranger = job.start([sys.executable, "-m", "kvstore_ext.ps.server"],
+                         dict(job.env, KVX_SECRET=other), "server", stdout=subprocess.PIPE)
     try:
         t0 = time.monotonic()
         assert job.workers[1].wait(timeout=60) == 1, job.output(1)
         assert time.monotonic() - t0 < 30
         out = job.output(1)
-        assert re.search(r"KVStoreError: the scheduler at tcp://127\.0\.0\.1:\d+ refused this "
-                         r"process's connection at the handshake: it belongs to another job, or "
-                         r"this process's KVX_SECRET \(or KVX_CURVE\) is not the job's", out), out
+        refused = (r"the scheduler at tcp://127\.0\.0\.1:\d+ refused this process's connection "
+                   r"at the handshake: it belongs to another job, or this process's KVX_SECRET "
+                   r"\(or KVX_CURVE\) is not the job's")
+        assert re.search(r"KVStoreError: " + refused, out), out
+        assert stranger.wait(timeout=60) == 1
+        assert time.monotonic() - t0 < 30
+        out = stranger.stdout.read().decode()
+        assert re.search(r"kvstore_ext server: " + refused, out), out
     finally:
         job.kill()
 

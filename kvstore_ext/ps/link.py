@@ -189,6 +189,38 @@ class UnansweredRequests:
         return None
 
 
+#: workers a scheduler's answer names at most as quiet (:func:`quiet_workers`)
+MAX_QUIET = 8
+
+
+def quiet_workers(value) -> list:
+    """The scheduler's list of quiet workers, ``[[rank, seconds], ...]``, as pairs; anything
+    else gives none (a report must not fail on it)."""
+    if not isinstance(value, list):
+        return []
+    pairs = []
+    for item in value[:MAX_QUIET]:
+        if isinstance(item, list) and len(item) == 2 and type(item[0]) is int \
+                and type(item[1]) in (int, float) and math.isfinite(item[1]):
+            pairs.append((item[0], float(item[1])))
+    return pairs
+
+
+def describe_quiet(quiet: tuple, rank: int, now: float, waited: float) -> str:
+    """The sentence a stall report adds on the other workers that have made no kvstore call
+    for at least half as long as this wait: a round waits for their pushes, a barrier for
+    them, and what holds them is their own code (or their host).  ``quiet``: (when heard,
+    pairs) as :meth:`Connection.notice` keeps it."""
+    heard, pairs = quiet
+    named = [(r, s + now - heard) for r, s in pairs if r != rank and s + now - heard >= waited / 2]
+    if not named:
+        return ""
+    listed = ", ".join(f"worker {r} for {s:.0f} s" for r, s in named)
+    return (f" Workers that have made no kvstore call for a while, as the scheduler last heard: "
+            f"{listed} (their own code runs, or their host is stopped; a push or barrier this "
+            f"waits for may be theirs).")
+
+
 def describe_request(ticket: Ticket) -> str:
     """"a pushpull of keys 0, 1 sent to server 1 (request 812)": what a stall report names."""
     request = ticket.request or {}
@@ -314,7 +346,8 @@ class StallWatcher(threading.Thread):
             more = len(watch.awaited(tickets)) - 1
             report(f"{who}: {describe_request(ticket)} has had no reply after "
                    f"{now - ticket.since:.0f} s" + (f" ({more} more requests are waiting)."
-                                                    if more else "."),
+                                                    if more else ".")
+                   + describe_quiet(conn.quiet, conn.rank, now, now - ticket.since),
                    unless=what_else(ticket, self.pooled))
 
 
@@ -372,8 +405,10 @@ class LinkThread(threading.Thread):
             while not self.stopping.is_set():
                 now = time.monotonic()
                 if now >= next_beat:   # tells the scheduler where to send notices
+                    idle = conn.idle_seconds(now)
                     queue(self.hb, conn.codec.seal(   # dropped if the queue is full
-                        {"op": Op.HEARTBEAT, "role": "worker", "rank": conn.rank},
+                        {"op": Op.HEARTBEAT, "role": "worker", "rank": conn.rank,
+                         "idle": None if idle is None else round(idle, 1)},
                         to="scheduler", outbox=hb_out))
                     next_beat = now + interval
                 events = dict(poller.poll(int(min(interval, 0.2) * 1000)))
@@ -490,6 +525,10 @@ class Connection:
         self.stop_raised = False   # the caller has been told the job stopped (see raised())
         self.inflight = 0                           # bytes of requests not yet answered
         self.bytes_sent = self.bytes_received = 0   # array bytes of requests and replies
+        self.last_call = time.monotonic()   # when this worker last sent a request
+        #: (when heard, [(rank, seconds)]): the other workers the scheduler last said made no
+        #: kvstore call for a while (:meth:`notice`), for the stall reports
+        self.quiet: tuple = (0.0, [])
         self.store = store
         self._register(store, sched_monitor)
         self.codec.names.add(f"worker:{self.rank}")
@@ -591,6 +630,7 @@ class Connection:
         """A message from the scheduler (called from the link thread)."""
         op = header.get("op")
         if op == Op.ACK:
+            self.quiet = (time.monotonic(), quiet_workers(header.get("quiet")))
             return
         if op == Op.ABORT:
             self.set_failure(str(header["error"]), JobAbortedError)
@@ -636,6 +676,14 @@ class Connection:
         return exc
 
     # -- requests -----------------------------------------------------------------------------
+    def idle_seconds(self, now: float) -> float | None:
+        """How long this worker has made no kvstore call: its own code runs.  None while a
+        call waits (for a reply, a barrier, or MXNet's engine)."""
+        if self.scheduler_wait is not None or self.engine_wait is not None \
+                or any(not t.abandoned for t in list(self.tickets.values())):
+            return None
+        return max(0.0, now - self.last_call)
+
     def send(self, messages: dict[int, tuple[dict, list]]) -> dict[int, Ticket]:
         """Send one message per server; return the tickets of their replies."""
         if self.failure:   # first: after a job's stop, a call made while closing meets the stop
@@ -668,6 +716,7 @@ class Connection:
             nbytes = sum(sizes[server])
             self._wait_for_window(nbytes)
             seq = next(self.seq)
+            self.last_call = time.monotonic()
             header["seq"] = seq
             header["worker"] = self.rank
             header["reply_to"] = self.rx_names[server]
@@ -755,6 +804,7 @@ class Connection:
     def scheduler_call(self, header: dict, timeout: float | None = None) -> dict:
         """A request to the scheduler (barrier, finalize), answered with ``ok``."""
         header = {**header, "role": "worker", "rank": self.rank}
+        self.last_call = time.monotonic()
         self.sched.send_multipart(self.codec.seal(header, to="scheduler", outbox=self.sched_out))
         deadline = None if timeout is None else time.monotonic() + timeout
         if deadline is None:   # a barrier waits for every worker: a hung one is reported

@@ -27,7 +27,10 @@ order: a ``dist_psp`` store made while the job runs stamps its first gradients w
 ``dist_psp`` pull's parts carry ``part`` (the item indices) and their ``versions``.  Between
 nodes and the scheduler: ``register``, ``heartbeat``, ``barrier``, ``finalize``, ``failed`` (a
 worker about to stop says why: it lost a server) one way; ``ack``, ``ok``, ``topology``,
-``abort``, ``node_dead``, ``node_left``, ``shutdown`` the other.
+``abort``, ``node_dead``, ``node_left``, ``shutdown`` the other.  A worker's ``heartbeat``
+carries ``idle`` (seconds since its last kvstore call, null while a call waits), and the
+scheduler's ``ack`` to it ``quiet``: the other workers idle a second or more, ``[[rank,
+seconds], ...]``, which a stall report names.
 
 Authentication says who sent a message, not that it is well formed: a header
 that does not fit is refused with a :class:`ProtocolError` that names the

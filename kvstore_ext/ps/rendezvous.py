@@ -26,8 +26,8 @@ NO_SCHEDULER_NOTE_S = 10.0
 #: connection cut during its handshake)
 NO_DETAIL_REFUSAL = 3
 #: the monitor events :func:`join` reads
-EVENTS = (zmq.EVENT_DISCONNECTED | HANDSHAKE_REFUSED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-          | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | HANDSHAKE_REFUSED
+          | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_SUCCEEDED)
 
 
 def connection_lost(who: str, heartbeat_timeout: float) -> str:
@@ -51,6 +51,7 @@ def join(sock: zmq.Socket, inbox, registration: list, monitor: zmq.Socket, env,
     unsent = registration
     reached = False       # a scheduler of this job answered the connection
     failed = 0            # handshakes that failed without a reason given
+    connected_at = time.monotonic()   # when the last connection was made (its handshake began)
     poller = zmq.Poller()   # an answer, and the connection's events, are each seen at once
     poller.register(sock, zmq.POLLIN)
     poller.register(monitor, zmq.POLLIN)
@@ -69,6 +70,8 @@ def join(sock: zmq.Socket, inbox, registration: list, monitor: zmq.Socket, env,
                 return header
         events = monitor_events(monitor)
         reached = reached or zmq.EVENT_HANDSHAKE_SUCCEEDED in events
+        if zmq.EVENT_CONNECTED in events:
+            connected_at = time.monotonic()
         if not reached and note_at and time.monotonic() >= note_at:
             note_at = 0   # said once: the wait is not silent
             print(f"kvstore_ext {role}: nothing answers at {address} yet; waiting up to "
@@ -80,7 +83,11 @@ def join(sock: zmq.Socket, inbox, registration: list, monitor: zmq.Socket, env,
                 f"{scheduler} refused this process's connection at the handshake: it belongs "
                 f"to another job, or this process's {jobenv.SECRET} (or {jobenv.CURVE}) is "
                 f"not the job's")
-        if zmq.EVENT_DISCONNECTED in events:   # gone, or frozen: it holds our registration
+        # gone, or frozen: a scheduler that took the connection, or one that did not end its
+        # handshake in time (a refusal can also cut the connection at once, without saying
+        # why: ZeroMQ connects again, and the next handshake tells)
+        if zmq.EVENT_DISCONNECTED in events and (
+                reached or time.monotonic() - connected_at >= env.heartbeat_timeout / 2):
             raise SchedulerLostError(f"{connection_lost(scheduler, env.heartbeat_timeout)} "
                                      f"before the job started")
         if time.monotonic() >= deadline and not reached:

@@ -35,6 +35,10 @@ MAX_WORKERS = 1024
 MAX_EARLY_JOINERS = 64
 OPS = SCHEDULER_OPS
 MAX_REASON = 1000   # characters of a worker's reason kept (it is repeated to every node)
+#: a worker is named to the others as quiet after this many seconds without a kvstore call
+QUIET_AFTER_S = 1.0
+#: quiet workers named in one answer, and how often (seconds) the list is made again
+MAX_QUIET, QUIET_REFRESH_S = 8, 1.0
 
 log = logging.getLogger("kvstore_ext.scheduler")
 
@@ -60,6 +64,7 @@ class Scheduler:
         self.fds: dict[int, tuple[str, int]] = {}   # connection -> the node it belongs to
         self.closed_before_start: dict[int, float] = {}   # connection -> when it closed
         self.malformed = 0
+        self.quiet: tuple = (float("-inf"), [])   # (when made, :meth:`quiet_workers`' list)
         if port:
             self.sock.bind(f"tcp://{host}:{port}")
             self.port = port
@@ -184,7 +189,13 @@ class Scheduler:
         to = f"{role}:{rank}"
         if op == Op.HEARTBEAT:
             node["notify"] = ident
-            self.send(ident, {"op": Op.ACK, "failure": self.failure}, to)
+            answer = {"op": Op.ACK, "failure": self.failure}
+            if role == "worker":
+                idle = header.get("idle")
+                node["idle"] = (float(idle), node["last_seen"]) \
+                    if type(idle) in (int, float) and 0 <= idle < 1e9 else None
+                answer["quiet"] = self.quiet_workers(rank, node["last_seen"])
+            self.send(ident, answer, to)
         elif op == Op.BARRIER and role == "worker":
             self.barrier_waiting.append((ident, rank))
             self.maybe_release_barrier()
@@ -195,6 +206,25 @@ class Scheduler:
             # why the worker is about to stop (it lost a server): said when its exit is seen,
             # so that the others name the lost server, not only the worker that went with it
             node["cause"] = str(header.get("error"))[:MAX_REASON]
+
+    def quiet_workers(self, asking: int, now: float) -> list:
+        """``[[rank, seconds], ...]``: the live workers, ``asking`` aside, that have made no
+        kvstore call for :data:`QUIET_AFTER_S` s or more, as their heartbeats last said, the
+        longest first (at most :data:`MAX_QUIET`).  A worker whose round or barrier waits
+        names them in its stall report: a worker stuck in its own code is alive to every
+        heartbeat, and only this says who it is.  Made again once a second at most: every
+        worker asks with each heartbeat."""
+        made, found = self.quiet
+        if now - made >= QUIET_REFRESH_S:
+            found = []
+            for (role, rank), node in self.nodes.items():
+                if role == "worker" and node["state"] == "live" and node.get("idle"):
+                    seconds, at = node["idle"]
+                    if seconds + now - at >= QUIET_AFTER_S:
+                        found.append([rank, round(seconds + now - at, 1)])
+            found = sorted(found, key=lambda pair: -pair[1])[:MAX_QUIET + 1]
+            self.quiet = (now, found)
+        return [pair for pair in found if pair[0] != asking][:MAX_QUIET]
 
     def check_connections(self) -> None:
         """Connections that closed or timed out (ZeroMQ's socket monitor): their node is dead,

@@ -264,7 +264,7 @@ def test_a_pull_right_after_a_pushpull_reads_the_round_it_went_into(run_job, kvs
 def test_a_reply_that_does_not_come_is_reported_with_every_threads_stack(run_job):
     """Worker 1 stays away 8 s twice: worker 0's step-1 pushpull waits for it (a synchronous
     round), then its barrier.  Each wait is reported after the bound (2 s here), naming the
-    request, with the stacks (the pushpull then said to have ended); worker 1 reports nothing, and the job
+    request and worker 1 (the scheduler's view of who makes no kvstore call), with the stacks (the pushpull then said to have ended); worker 1 reports nothing, and the job
     ends as usual.  Before, such a wait printed nothing, for ever if the peer was hung."""
     t0 = time.monotonic()
     code, log = run_job(2, 1, [os.path.join(JOBS, "busy_elsewhere.py"), "dist_bsp", "8",
@@ -277,6 +277,12 @@ def test_a_reply_that_does_not_come_is_reported_with_every_threads_stack(run_job
     assert {w for w, *_ in reports} == {"0"}, log[-3000:]
     assert [what.split()[1] for _, what, _, _ in reports] == ["pushpull", "barrier"], reports
     assert all(2 <= int(t) < 8 for *_, t in reports), reports
+    # each report names worker 1, in its own code all the while (before, none named it)
+    named = re.findall(r"has had no reply after (\d+) s[^\n]*? Workers that have made no kvstore "
+                       r"call for a while, as the scheduler last heard: worker (\d) for (\d+) s "
+                       r"\(their own code runs", log)
+    assert [w for _, w, _ in named] == ["1", "1"], log[-3000:]
+    assert all(int(waited) - 2 <= int(idle) < 10 for waited, _, idle in named), named
     assert "Thread 0x" in log and "busy_elsewhere.py" in log      # the stacks
     # (the barrier's end is not said: the script ends right after it)
     assert re.search(r"worker 0: the reply to a pushpull of keys? [\d, ]+ sent to server 0 "

@@ -120,3 +120,38 @@ def test_nothing_at_the_address_ends_at_the_start_timeout_and_says_so():
     assert 1.0 <= time.monotonic() - t0 < 5
     assert str(outcome.get("error")).startswith(f"nothing answered at {address} in 1 s: no "
                                                 f"scheduler of this job runs there")
+
+
+def test_connections_cut_during_the_handshake_without_a_reason_are_a_refusal():
+    """A peer that cuts each connection at once, saying nothing (here a TCP listener that resets
+    it; under load the job's scheduler refusing a handshake did the same once in CI, the
+    refusal's reason never read).  Before, the first cut was taken for a scheduler lost before
+    the start; ZeroMQ connects again, and three such cuts are a refusal."""
+    import socket
+    import struct
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    stop = threading.Event()
+
+    def cut_every_connection():
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()   # a reset, before any byte of the handshake
+    threading.Thread(target=cut_every_connection, daemon=True).start()
+    address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        t0 = time.monotonic()
+        outcome = join_in_thread(address, JOB_SECRET, limit=10.0)
+        assert outcome is not None, "the registration did not return"
+        assert f"the scheduler at {address} refused this process's connection at the " \
+               f"handshake" in str(outcome.get("error")), outcome
+        assert time.monotonic() - t0 < 5
+    finally:
+        stop.set()
+        listener.close()

@@ -142,3 +142,20 @@ def test_a_pooled_stores_data_request_may_be_held_by_the_pool_and_the_report_say
     assert what_else(ticket(0.0, op="stats", keys=()), pooled=True) == PEER_HUNG
     barrier = Ticket(1, 0.0, None, {"op": "barrier", "seq": 3})
     assert what_else(barrier, pooled=True) == PEER_HUNG
+
+
+def test_a_report_names_the_workers_idle_for_half_its_wait_and_nothing_else():
+    """The scheduler's list of quiet workers, as a stall report puts it: aged since it was
+    heard, only those idle at least half as long as the reported wait, never this worker, and
+    a list that is not pairs of a rank and a duration gives no sentence (a report must not
+    fail on it)."""
+    from kvstore_ext.ps.link import describe_quiet, quiet_workers
+    heard = (100.0, quiet_workers([[1, 9.0], [0, 30.0], [2, 1.0]]))
+    text = describe_quiet(heard, 0, 101.0, 12.0)
+    assert text == (" Workers that have made no kvstore call for a while, as the scheduler last "
+                    "heard: worker 1 for 10 s (their own code runs, or their host is stopped; "
+                    "a push or barrier this waits for may be theirs).")
+    assert describe_quiet(heard, 0, 101.0, 25.0) == ""
+    for bad in (None, "x", [[1]], [["1", 2.0]], [[1, "2"]], [[1, float("nan")]], {"1": 2}):
+        assert quiet_workers(bad) == []
+    assert len(quiet_workers([[r, 5.0] for r in range(100)])) == 8

@@ -90,3 +90,32 @@ def test_early_joiners_are_bounded(scheduler):
         s.register(f"j{i}".encode(), worker(f"node:j{i}", joining=True), None)
     assert len(s.early_joiners) == MAX_EARLY_JOINERS
     assert s.to(f"node:j{MAX_EARLY_JOINERS}")[0]["op"] == Op.ABORT
+
+
+def test_heartbeats_tell_the_others_which_workers_make_no_kvstore_call(scheduler):
+    """A worker stuck in its own code answers every heartbeat, so nothing named it: its peers'
+    stall reports said only which request had no reply.  Now each worker's heartbeat says how
+    long it has made no kvstore call, and the scheduler's answer names the others idle a
+    second or more, the longest first; a value that is not a duration counts as none."""
+    s = scheduler(workers=3)
+    for ident, header in ((b"w0", worker("node:w0", 0)), (b"w1", worker("node:w1", 1)),
+                          (b"w2", worker("node:w2", 2)), (b"s0", server("node:s0"))):
+        s.register(ident, header, None)
+    assert s.started
+
+    def beat(rank, idle):
+        s.dispatch(f"w{rank}".encode(), {"op": Op.HEARTBEAT, "role": "worker", "rank": rank,
+                                         "idle": idle}, None)
+        s.quiet = (float("-inf"), [])   # made again at once (it is, once a second, in a job)
+        return [h for h in s.to(f"worker:{rank}") if h["op"] == Op.ACK][-1]["quiet"]
+
+    assert beat(0, None) == []                 # worker 0 waits in a call
+    beat(2, 3.0)
+    assert beat(1, 40.0) == [[2, 3.0]]         # not itself
+    quiet = beat(0, None)
+    assert [rank for rank, _ in quiet] == [1, 2] and 40.0 <= quiet[0][1] < 41
+    beat(2, 0.2)                               # under a second: computing, not named
+    assert [rank for rank, _ in beat(0, None)] == [1]
+    for bad in ("40", -1, float("nan"), float("inf"), 1e300, True, [1]):
+        beat(1, bad)
+        assert beat(0, None) == [], bad

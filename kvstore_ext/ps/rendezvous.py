@@ -25,6 +25,8 @@ NO_SCHEDULER_NOTE_S = 10.0
 #: handshakes that failed without a reason given that count as a refusal (one alone can be a
 #: connection cut during its handshake)
 NO_DETAIL_REFUSAL = 3
+#: seconds within which ZeroMQ makes a new connection after one failed (it waits 0.1 s)
+RECONNECT_GRACE_S = 1.0
 #: the monitor events :func:`join` reads
 EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | HANDSHAKE_REFUSED
           | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_SUCCEEDED)
@@ -52,6 +54,7 @@ def join(sock: zmq.Socket, inbox, registration: list, monitor: zmq.Socket, env,
     reached = False       # a scheduler of this job answered the connection
     failed = 0            # handshakes that failed without a reason given
     connected_at = time.monotonic()   # when the last connection was made (its handshake began)
+    cut_at = None         # when a connection was cut during its handshake, until the next one
     poller = zmq.Poller()   # an answer, and the connection's events, are each seen at once
     poller.register(sock, zmq.POLLIN)
     poller.register(monitor, zmq.POLLIN)
@@ -71,14 +74,20 @@ def join(sock: zmq.Socket, inbox, registration: list, monitor: zmq.Socket, env,
         events = monitor_events(monitor)
         reached = reached or zmq.EVENT_HANDSHAKE_SUCCEEDED in events
         if zmq.EVENT_CONNECTED in events:
-            connected_at = time.monotonic()
+            connected_at, cut_at = time.monotonic(), None
         if not reached and note_at and time.monotonic() >= note_at:
             note_at = 0   # said once: the wait is not silent
             print(f"kvstore_ext {role}: nothing answers at {address} yet; waiting up to "
                   f"{start_timeout:g} s for the job's scheduler (launch.py --start-timeout)",
                   file=sys.stderr, flush=True)
         failed += sum(1 for event in events if event & zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-        if any(event & HANDSHAKE_REFUSED for event in events) or failed >= NO_DETAIL_REFUSAL:
+        if zmq.EVENT_DISCONNECTED in events and zmq.EVENT_CONNECTED not in events[-1:]:
+            cut_at = cut_at or time.monotonic()
+        # ZeroMQ connects again after a connection fails, except after a refusal (a protocol
+        # error): a cut not followed by a new connection soon was one, its reason unsaid
+        not_again = cut_at is not None and time.monotonic() - cut_at >= RECONNECT_GRACE_S
+        if any(event & HANDSHAKE_REFUSED for event in events) or failed >= NO_DETAIL_REFUSAL \
+                or (not_again and not reached):
             raise KVStoreError(
                 f"{scheduler} refused this process's connection at the handshake: it belongs "
                 f"to another job, or this process's {jobenv.SECRET} (or {jobenv.CURVE}) is "

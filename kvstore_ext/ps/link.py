@@ -212,7 +212,8 @@ def describe_quiet(quiet: tuple, rank: int, now: float, waited: float) -> str:
     them, and what holds them is their own code (or their host).  ``quiet``: (when heard,
     pairs) as :meth:`Connection.notice` keeps it."""
     heard, pairs = quiet
-    named = [(r, s + now - heard) for r, s in pairs if r != rank and s + now - heard >= waited / 2]
+    aged = [(r, s + now - heard) for r, s in pairs if r != rank]   # idle until now
+    named = [(r, s) for r, s in aged if s >= waited / 2]
     if not named:
         return ""
     listed = ", ".join(f"worker {r} for {s:.0f} s" for r, s in named)

@@ -73,16 +73,17 @@ def join(sock: zmq.Socket, inbox, registration: list, monitor: zmq.Socket, env,
                 return header
         events = monitor_events(monitor)
         reached = reached or zmq.EVENT_HANDSHAKE_SUCCEEDED in events
-        if zmq.EVENT_CONNECTED in events:
-            connected_at, cut_at = time.monotonic(), None
+        for event in events:   # in order: a cut, then a new connection, is no cut
+            if event == zmq.EVENT_CONNECTED:
+                connected_at, cut_at = time.monotonic(), None
+            elif event == zmq.EVENT_DISCONNECTED:
+                cut_at = cut_at or time.monotonic()
         if not reached and note_at and time.monotonic() >= note_at:
             note_at = 0   # said once: the wait is not silent
             print(f"kvstore_ext {role}: nothing answers at {address} yet; waiting up to "
                   f"{start_timeout:g} s for the job's scheduler (launch.py --start-timeout)",
                   file=sys.stderr, flush=True)
         failed += sum(1 for event in events if event & zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-        if zmq.EVENT_DISCONNECTED in events and zmq.EVENT_CONNECTED not in events[-1:]:
-            cut_at = cut_at or time.monotonic()
         # ZeroMQ connects again after a connection fails, except after a refusal (a protocol
         # error): a cut not followed by a new connection soon was one, its reason unsaid
         not_again = cut_at is not None and time.monotonic() - cut_at >= RECONNECT_GRACE_S

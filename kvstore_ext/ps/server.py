@@ -337,6 +337,7 @@ class Server:
             header = rendezvous.join(self.sched, self.sched_in, registration,
                                      self.sched_monitor, self.env, "server")
         except KVStoreError:
+            self.guard.stop()   # its thread uses the context's sockets
             destroy(self.ctx)
             raise
         self.rank = header["rank"]

@@ -26,10 +26,10 @@ FRESH = "KVX_TEST_FRESH_PROCESS"
 
 def fresh_process(test):
     """Run ``test`` in a pytest process of its own, as a node registers in a process of its
-    own.  In the suite's long-lived process (the unit tests after every other test), a
-    registration's handshake and the Python threads that answer it here (the password check,
-    a bare TCP listener) ran far slower than alone: 1 s a trial where 5 ms, and a listener
-    that did not accept within 10 s."""
+    own.  In the suite's long-lived process (the unit tests after every other test), the
+    refusals came without their reason and with no new connection, so each trial waited out
+    the 1 s grace (5 ms alone), and the bare TCP listener did not accept within 10 s; what
+    that process carries from the tests before is not found."""
     @functools.wraps(test)
     def run(*args, **kwargs):
         if os.environ.get(FRESH) == test.__name__:

@@ -254,6 +254,39 @@ def test_flat_parameters_compute_the_nets_own_gradients_bit_for_bit(digits):
     assert all((p.data().asnumpy() == 0.5).all() for p in flat)
 
 
+def test_the_bound_objective_gives_autograds_gradients_from_the_flat_weights(digits):
+    """An iteration's executor, bound once over the flat arrays, computes what
+    ``autograd.record()`` and ``backward`` compute on the same net, bit for bit: on two
+    mini-batches, and after the flat weights are written (as a worker's weights are loaded),
+    which the executor must see without being bound again."""
+    from kvstore_ext.virtual_training import BoundObjective, flatten_parameters, objective_block
+    x, y = digits[0], digits[1]
+    xs, ys = mx.nd.array(x), mx.nd.array(y)
+    nets = [fresh_net(4), fresh_net(4)]
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    flat_data, _, _ = flatten_parameters(list(nets[1].collect_params().values()))
+    bound = BoundObjective(nets[1], loss_fn, list(nets[1].collect_params().values()), xs, ys,
+                           BATCH)
+    reference = objective_block(nets[0], loss_fn)
+    reference.hybridize(static_alloc=True, static_shape=True)
+    plain, flat = (list(net.collect_params().values()) for net in nets)
+    rng = np.random.default_rng(0)
+    for step in range(3):
+        if step == 2:   # new weights written into the flat array and into the reference
+            values = rng.normal(0, 0.05, flat_data[np.dtype(np.float32)].shape).astype("f4")
+            flat_data[np.dtype(np.float32)][:] = values
+            for p, q in zip(plain, flat):
+                p.set_data(q.data().copy())
+        idx = mx.nd.array(rng.permutation(len(x))[:BATCH])
+        with autograd.record():
+            loss = reference(xs, ys, idx)
+        loss.backward()
+        bound(idx)
+        for a, b in zip(plain, flat):
+            assert np.array_equal(a.grad().asnumpy(), b.grad().asnumpy()), (step, a.name)
+            assert np.abs(b.grad().asnumpy()).sum() > 0
+
+
 def test_flat_parameters_refuse_a_parameter_without_a_gradient_by_name():
     from kvstore_ext.virtual_training import flatten_parameters
     net = fresh_net()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from . import registry
 from .errors import (JobAbortedError, KVStoreError, NodeLostError, SchedulerLostError,
-                     ServerLostError, WorkerLostError)
+                     ServerLostError, StalledError, WorkerLostError)
 from .policies import dssp_extra_iterations
 from .registry import STORE_TYPES, StoreConfig, StoreType, make_policy, register
 
@@ -27,6 +27,7 @@ _CLASSES = {"DistBSP": "dist_bsp", "DistASP": "dist_asp", "DistSSP": "dist_ssp",
 
 __all__ = ["create", "register", "StoreType", "KVStoreError", "NodeLostError",
            "WorkerLostError", "ServerLostError", "SchedulerLostError", "JobAbortedError",
+           "StalledError",
            "STORE_TYPES", "StoreConfig", "make_policy", "dssp_extra_iterations",
            "HOROVOD_STORE_TYPES", *_CLASSES]
 

@@ -43,3 +43,9 @@ class SchedulerLostError(NodeLostError):
 
 class JobAbortedError(KVStoreError):
     """The scheduler stopped the job (the message says why)."""
+
+
+class StalledError(KVStoreError):
+    """A reply this worker waited for did not come within ``KVX_STALL_SHUTDOWN_S`` seconds
+    (as Horovod's ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``): the call raises rather than wait
+    for ever (the message names the request and the workers the scheduler heard nothing from)."""

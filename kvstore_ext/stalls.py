@@ -16,21 +16,30 @@ import sys
 #: seconds a wait may last before a report (default 120; 0 turns the reports off)
 STALL_ENV = "KVX_STALL_REPORT_S"
 DEFAULT_AFTER_S = 120.0
+#: seconds a parameter-server worker waits for a reply before its call raises
+#: (:class:`~kvstore_ext.errors.StalledError`), as Horovod's
+#: ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (default 0: never, as MXNet's stores wait)
+SHUTDOWN_ENV = "KVX_STALL_SHUTDOWN_S"
 
 
-def after_seconds(environ=None) -> float:
-    """The bound from ``KVX_STALL_REPORT_S``; a bad value is an error naming it."""
-    raw = (os.environ if environ is None else environ).get(STALL_ENV, "")
+def after_seconds(environ=None, name: str = STALL_ENV, default: float = DEFAULT_AFTER_S,
+                  zero: str = "turns the reports off") -> float:
+    """The bound from ``name`` (``KVX_STALL_REPORT_S``); a bad value is an error naming it."""
+    raw = (os.environ if environ is None else environ).get(name, "")
     if not raw.strip():
-        return DEFAULT_AFTER_S
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{STALL_ENV}={raw!r}: expected seconds, a number >= 0 (0 turns the "
-                         f"reports off)")
+        raise ValueError(f"{name}={raw!r}: expected seconds, a number >= 0 (0 {zero})")
     return value
+
+
+def shutdown_seconds(environ=None) -> float:
+    """The bound from ``KVX_STALL_SHUTDOWN_S`` (0, the default: a call waits for ever)."""
+    return after_seconds(environ, SHUTDOWN_ENV, 0.0, "never stops a call, the default")
 
 
 def look_period(after_s: float) -> float:

@@ -25,10 +25,11 @@ import zmq
 
 from .. import engine
 from ..jobenv import JobEnv
-from ..stalls import POOL_WAIT, PEER_HUNG, after_seconds, look_period, report
+from ..stalls import (POOL_WAIT, PEER_HUNG, SHUTDOWN_ENV, after_seconds, look_period, report,
+                      shutdown_seconds)
 from ..registry import StoreConfig, lookup as lookup_store
 from ..errors import (JobAbortedError, KVStoreError, NodeLostError, SchedulerLostError,  # noqa: F401
-                     ServerLostError, WorkerLostError)
+                     ServerLostError, StalledError, WorkerLostError)
 from .transport import (AuthError, Codec, Limits, Packed, configure, destroy, disconnected,
                         message_size_problem, new_context, queue)
 from . import rendezvous
@@ -189,6 +190,16 @@ class UnansweredRequests:
         return None
 
 
+def overdue(tickets, now: float, bound_s: float, pooled: bool) -> "Ticket | None":
+    """The oldest awaited request that has waited ``bound_s`` (``KVX_STALL_SHUTDOWN_S``; 0:
+    none ever is), but a data request a worker pool may rightly hold (:func:`what_else`)."""
+    if bound_s <= 0:
+        return None
+    late = [t for t in UnansweredRequests.awaited(tickets)
+            if now - t.since >= bound_s and what_else(t, pooled) is not POOL_WAIT]
+    return min(late, key=lambda t: t.since, default=None)
+
+
 #: workers a scheduler's answer names at most as quiet (:func:`quiet_workers`)
 MAX_QUIET = 8
 
@@ -309,7 +320,8 @@ class StallWatcher(threading.Thread):
 
     def run(self) -> None:
         engine.never_push_here()
-        period = look_period(self.watch.after_s)
+        period = look_period(min(b for b in (self.conn.stall_after, self.conn.stall_shutdown)
+                                 if b > 0))
         while not self.stopping.wait(period):
             try:
                 self.look(time.monotonic())
@@ -350,6 +362,14 @@ class StallWatcher(threading.Thread):
                                                     if more else ".")
                    + describe_quiet(conn.quiet, conn.rank, now, now - ticket.since),
                    unless=what_else(ticket, self.pooled))
+        late = overdue(tickets, now, conn.stall_shutdown, self.pooled)
+        if late is not None:   # the waiting call raises this; the job stops with it
+            waited = now - late.since
+            conn.set_failure(f"{who}: {describe_request(late)} has had no reply after "
+                             f"{waited:.0f} s, past {SHUTDOWN_ENV}={conn.stall_shutdown:g}: "
+                             f"the call stops rather than wait for ever."
+                             + describe_quiet(conn.quiet, conn.rank, now, waited),
+                             StalledError)
 
 
 #: the exception the main thread's script ended with, if it did (see :func:`note_uncaught`)
@@ -497,6 +517,7 @@ class Connection:
     def __init__(self, store: StoreConfig, env: JobEnv | None = None):
         self.env = env or JobEnv.from_environ("worker")
         self.stall_after = after_seconds()   # a bad value is an error before the job starts
+        self.stall_shutdown = shutdown_seconds()
         self.scheduler_wait: Ticket | None = None   # a barrier under way: reported as stalled too
         #: (since, op, (key, value) pairs) while a call waits for MXNet's engine to write
         #: its gradients or its output arrays (:class:`EngineWaits`)
@@ -560,7 +581,7 @@ class Connection:
         self.link = LinkThread(self, hb, rx, monitors)
         self.link.start()
         self.stall_watch = StallWatcher(self)
-        if self.stall_after > 0:
+        if self.stall_after > 0 or self.stall_shutdown > 0:
             self.stall_watch.start()
         note_uncaught()
         atexit.register(self.close)

@@ -291,6 +291,31 @@ def test_a_reply_that_does_not_come_is_reported_with_every_threads_stack(run_job
     assert time.monotonic() - t0 < 60
 
 
+def test_a_reply_past_the_shutdown_bound_stops_the_job_naming_who_it_waited_for(run_job):
+    """Worker 1 stays away 90 s in its own code (alive: its heartbeats go on), so worker 0's
+    step-1 pushpull waits for its push.  With ``KVX_STALL_SHUTDOWN_S=3`` (as Horovod's
+    ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``) worker 0's call raises StalledError after about
+    3 s, naming the request and worker 1, and the job ends with an error long before worker
+    1 would have come back.  Without the bound the job waits, as MXNet's stores do."""
+    t0 = time.monotonic()
+    code, log = run_job(2, 1, [os.path.join(JOBS, "busy_elsewhere.py"), "dist_bsp", "90"],
+                        env={"KVX_STALL_SHUTDOWN_S": "3"}, timeout=120)
+    took = time.monotonic() - t0
+    assert code != 0, log[-3000:]
+    assert took < 45, (took, log[-3000:])
+    stopped = re.findall(r"StalledError: kvstore_ext dist_bsp worker 0: a pushpull of keys? "
+                         r"[\d, ]+ sent to server 0 \(request \d+\) has had no reply after (\d+) s, "
+                         r"past KVX_STALL_SHUTDOWN_S=3: the call stops rather than wait for ever"
+                         r"\. Workers that have made no kvstore call for a while, as the "
+                         r"scheduler last heard: worker 1 for (\d+) s", log)
+    assert stopped, log[-3000:]
+    waited, idle = map(int, stopped[0])
+    assert 3 <= waited < 8 and 1 <= idle < 10, stopped
+    # worker 0's step 1 returns before its reply (MXNet's engine writes it); step 2 reads it
+    assert "worker 0 step 2" not in log and "worker 1 step 1" not in log
+    assert "launch.py: worker 0 exited with status 1; stopping the job" in log, log[-3000:]
+
+
 def test_a_call_waiting_on_mxnets_engine_is_reported_with_every_threads_stack(run_job):
     """Worker 0's step-1 gradient is held in MXNet's engine for 8 s by an operation that ends
     late (one that never ends, an engine deadlock, held a dist_psp job for ever without a
@@ -311,11 +336,12 @@ def test_a_call_waiting_on_mxnets_engine_is_reported_with_every_threads_stack(ru
     assert "worker 0 step 2" in log and "worker 1 step 2" in log
 
 
-def test_a_bad_stall_bound_stops_the_worker_with_an_error_naming_it(run_job):
+@pytest.mark.parametrize("variable", ["KVX_STALL_REPORT_S", "KVX_STALL_SHUTDOWN_S"])
+def test_a_bad_stall_bound_stops_the_worker_with_an_error_naming_it(run_job, variable):
     code, log = run_job(1, 1, [os.path.join(JOBS, "busy_elsewhere.py"), "dist_asp"],
-                        env={"KVX_STALL_REPORT_S": "soon"}, timeout=120)
+                        env={variable: "soon"}, timeout=120)
     assert code != 0
-    assert "KVX_STALL_REPORT_S='soon': expected seconds" in log, log[-3000:]
+    assert f"{variable}='soon': expected seconds" in log, log[-3000:]
 
 
 @pytest.mark.parametrize("kvstore,params", [

@@ -6,9 +6,11 @@ import threading
 
 from hypothesis import given, settings, strategies as st
 
+import pytest
+
 from kvstore_ext.ps.link import (EngineWaits, Ticket, UnansweredRequests, describe_call,
-                                 describe_request, what_else, when_answered)
-from kvstore_ext.stalls import PEER_HUNG, POOL_WAIT
+                                 describe_request, overdue, what_else, when_answered)
+from kvstore_ext.stalls import PEER_HUNG, POOL_WAIT, shutdown_seconds
 
 
 def ticket(since, seq=1, op="pushpull", keys=(0,), server=0):
@@ -52,6 +54,33 @@ def test_answered_requests_and_pulls_that_went_on_are_not_awaited():
 
 def test_a_bound_of_zero_turns_the_reports_off():
     assert UnansweredRequests(0.0).due([ticket(0.0)], 1e9) is None
+
+
+def test_the_oldest_awaited_request_past_the_shutdown_bound_stops_the_call():
+    """``KVX_STALL_SHUTDOWN_S``: the oldest awaited request that has waited the bound, a
+    barrier too; never one answered, one a pull went on without, or a data request a worker
+    pool may hold; and never at all with the bound at 0, its default."""
+    old, new = ticket(100.0, seq=7), ticket(105.0, seq=8)
+    assert overdue([new, old], 102.9, 3.0, pooled=False) is None
+    assert overdue([new, old], 103.0, 3.0, pooled=False) is old
+    assert overdue([new, old], 1e9, 0.0, pooled=False) is None
+    old.event.set()
+    assert overdue([new, old], 200.0, 3.0, pooled=False) is new
+    new.abandoned = True
+    assert overdue([new, old], 200.0, 3.0, pooled=False) is None
+    barrier = Ticket(1, 0.0, None, {"op": "barrier", "seq": 3})
+    held = ticket(0.0, op="pull")
+    assert overdue([held, barrier], 10.0, 3.0, pooled=True) is barrier
+    assert overdue([held], 10.0, 3.0, pooled=True) is None
+    assert overdue([held], 10.0, 3.0, pooled=False) is held
+
+
+def test_the_shutdown_bound_is_off_by_default_and_a_bad_one_is_named():
+    assert shutdown_seconds({}) == 0.0 and shutdown_seconds({"KVX_STALL_SHUTDOWN_S": " "}) == 0
+    assert shutdown_seconds({"KVX_STALL_SHUTDOWN_S": "2.5"}) == 2.5
+    for bad in ("soon", "-1", "inf", "nan"):
+        with pytest.raises(ValueError, match=f"KVX_STALL_SHUTDOWN_S='{bad}': expected seconds"):
+            shutdown_seconds({"KVX_STALL_SHUTDOWN_S": bad})
 
 
 def test_requests_without_keys_and_the_schedulers_are_named():

@@ -43,6 +43,7 @@ from mxnet import nd
 from mxnet.optimizer import Optimizer
 
 from .engine import host_view, wait_to_write
+from .kernels import sgd_step
 
 
 class PushState:
@@ -251,57 +252,6 @@ def delay_refusal(optimizer, store_type: str, asynchronous: bool) -> str | None:
             f"dist_ssp or dist_dssp (or use 'adagrad' here)")
 
 
-#: elements per block of :func:`sgd_step`: its six passes run block by block, so a block of
-#: the four arrays (1 MB in float32) stays in a core's L2 cache from the first pass to the last
-#: where whole arrays of 431,000 elements went to memory and back six times (0.81 -> 0.56 ms
-#: here; below 32,768 elements a block, numpy's call per pass costs more than it saves)
-SGD_BLOCK = 1 << 16
-
-
-def sgd_step(weight: np.ndarray, grad: np.ndarray, mom, scratch: np.ndarray, lr: float,
-             wd: float, momentum: float, rescale_grad: float,
-             clip_gradient: float = -1.0) -> None:
-    """One step of MXNet's SGD on flat numpy arrays of one float dtype, in place, bit for
-    bit: the float operations of its kernels (``SGDMomKernel``, ``MultiSGDKernel`` in MXNet's
-    optimizer_op-inl.h) in their order, their float32 parameters widened to the dtype::
-
-        mom = momentum·mom − (lr·wd)·w − (lr·rescale)·g    (− lr·clip(rescale·g) with clipping)
-        w = w + mom
-
-    ``mom`` None: no momentum, as MXNet's ``multi_sgd_update`` runs it (its momentum term a
-    zero).  Six vectorised passes per block of :data:`SGD_BLOCK` elements (each element's
-    operations are its own, so blocks give the same bits) take about half the time of MXNet's
-    one-array kernel and a quarter of its multi-tensor one at the one OpenMP thread a server
-    runs (``scripts/bench_optimizer.py``: 262,144 elements in 483, 1,008 and 1,838 µs on
-    2026-11-29).  ``scratch`` holds as many elements as ``weight`` (twice as many without
-    momentum)."""
-    cast = weight.dtype.type
-    lr, wd, momentum, rescale_grad, clip_gradient = (
-        cast(np.float32(v)) for v in (lr, wd, momentum, rescale_grad, clip_gradient))
-    lr_wd, lr_rescale, clip = lr * wd, lr * rescale_grad, clip_gradient >= 0
-    n = weight.size
-    for lo in range(0, n, SGD_BLOCK):
-        hi = min(n, lo + SGD_BLOCK)
-        w, g, tmp = weight[lo:hi], grad[lo:hi], scratch[:hi - lo]
-        if mom is None:
-            m = scratch[hi - lo:2 * (hi - lo)]
-            np.multiply(w, lr_wd, out=m)
-            np.subtract(cast(0), m, out=m)     # 0·0 − (lr·wd)·w: the kernel's sign of a zero
-        else:
-            m = mom[lo:hi]
-            m *= momentum
-            np.multiply(w, lr_wd, out=tmp)
-            m -= tmp
-        if clip:
-            np.multiply(g, rescale_grad, out=tmp)
-            np.clip(tmp, -clip_gradient, clip_gradient, out=tmp)
-            tmp *= lr
-        else:
-            np.multiply(g, lr_rescale, out=tmp)
-        m -= tmp
-        w += m
-
-
 def home_dtype(dtype) -> np.dtype:
     """The dtype a server holds and updates keys of ``dtype`` in: float16 in float32, as
     MXNet 1.9.1's servers do on every store whatever ``multi_precision`` says (its
@@ -451,10 +401,9 @@ class ServerOptimizer:
     both apply updates through this one object.
 
     MXNet's SGD, the optimizer of nearly every job, is run here on MXNet's own kernels, the
-    multi-tensor ones (``multi_sgd_update``, ``multi_sgd_mom_update``), and on a long array
-    the same float operations in numpy (:func:`sgd_step`), with the update counts, learning
-    rates
-    (scheduler and ``lr_mult`` included) and weight decays MXNet's optimizer gives key by key:
+    multi-tensor ones (``multi_sgd_update``, ``multi_sgd_mom_update``), and on a longer array
+    the same float operations compiled into one loop (:func:`~kvstore_ext.kernels.sgd_step`),
+    with the update counts, learning rates (scheduler and ``lr_mult`` included) and weight decays MXNet's optimizer gives key by key:
     the same bits, in fewer calls.  Blocks held in :class:`FlatArrays`
     (a server's) are updated a run at a time: one kernel array for all the adjacent keys that
     share their rates, their momentum kept in the same flat storage.  Other optimizers go
@@ -467,18 +416,16 @@ class ServerOptimizer:
     KERNEL_ARRAYS = 60
     #: visits beyond its arrays' elements that one kernel call may waste (:func:`kernel_calls`)
     SPARE_VISITS = 1 << 15
-    #: an array this long or longer is updated alone: by :func:`sgd_step` (numpy, the
+    #: an array this long or longer is updated alone: by the compiled :func:`sgd_step` (the
     #: kernels' bits) for float32 and float64, by MXNet's one-array kernel
     #: (``sgd_mom_update``) for other dtypes with momentum.  Either gives the multi-tensor
-    #: kernel's bits, at 0.8 and 1.55 ns an element where the multi-tensor one (which visits
-    #: every array of the call at every index) takes 2.9 (scripts/bench_optimizer.py)
-    ALONE_ELEMENTS = 1 << 14
+    #: kernel's bits; the compiled loop at about 0.16 ns an element and 20 us a call, with or
+    #: without clipping, where the multi-tensor one (which visits every array of the call at
+    #: every index) takes 2.9 ns: from 2,000 elements on it is the faster even alone, and
+    #: below 4,096 several short arrays share one multi-tensor call (scripts/bench_optimizer.py)
+    ALONE_ELEMENTS = 1 << 12
     #: dtypes :func:`sgd_step` updates (MXNet computes float16 in its own way)
-    NUMPY_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-    #: with gradient clipping, numpy's clip pass (0.56 ns an element) makes :func:`sgd_step`
-    #: the faster only from about this length on (below it, with momentum, the one-array
-    #: kernel; scripts/bench_optimizer.py --clip-gradient 5)
-    NUMPY_CLIP_ELEMENTS = 1 << 17
+    COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
     def __init__(self, optimizer, store_type: str, asynchronous: bool):
         problem = delay_refusal(optimizer, store_type, asynchronous)
@@ -492,7 +439,6 @@ class ServerOptimizer:
         self.fused_sgd = type(optimizer) is mx.optimizer.SGD
         self._flat: dict = {}    # key -> (FlatArrays, start, stop) holding its momentum
         self._bound = weakref.WeakKeyDictionary()   # Run -> (generation, momentum) bound at
-        self._scratch: dict = {}  # dtype -> numpy array, :func:`sgd_step`'s temporaries
         # a pool tunes these from the values the workers set (a scheduler keeps its own lr)
         self.base_hyper = {"lr": None if optimizer.lr_scheduler else optimizer.lr,
                            "momentum": getattr(optimizer, "momentum", None)}
@@ -624,8 +570,8 @@ class ServerOptimizer:
 
     def _launch(self, pieces) -> None:
         """MXNet's SGD kernels over ``pieces``, with the arguments MXNet's SGD gives them:
-        the multi-tensor ones, but a long piece alone (:attr:`ALONE_ELEMENTS`): in numpy
-        when its dtype allows, else, with momentum, on the one-array kernel."""
+        the multi-tensor ones, but a long piece alone (:attr:`ALONE_ELEMENTS`): by the
+        compiled loop when its dtype allows, else, with momentum, on the one-array kernel."""
         opt = self.optimizer
         kwargs = {"rescale_grad": opt.rescale_grad}
         if opt.clip_gradient:
@@ -635,14 +581,13 @@ class ServerOptimizer:
             kwargs["momentum"] = opt.momentum
         update = nd.multi_sgd_mom_update if momentum else nd.multi_sgd_update
         width = 3 if momentum else 2
-        numpy_from = self.NUMPY_CLIP_ELEMENTS if opt.clip_gradient else self.ALONE_ELEMENTS
         together = []
         for p in pieces:
             if p.size < self.ALONE_ELEMENTS:
                 together.append(p)
-            elif self._numpy(p, numpy_from):
-                self._sgd_numpy(p, opt.momentum, opt.rescale_grad,
-                                kwargs.get("clip_gradient", -1.0))
+            elif self._compiles(p):
+                self._sgd_compiled(p, opt.momentum, opt.rescale_grad,
+                                   kwargs.get("clip_gradient", -1.0))
             elif momentum:
                 nd.sgd_mom_update(p.weight, p.grad, p.momentum, out=p.weight, lr=p.lr, wd=p.wd,
                                   **kwargs)
@@ -653,25 +598,20 @@ class ServerOptimizer:
                    num_weights=len(call), lrs=[p.lr for p in call], wds=[p.wd for p in call],
                    **kwargs)
 
-    def _numpy(self, p: Piece, numpy_from: int) -> bool:
+    def _compiles(self, p: Piece) -> bool:
         """Whether :func:`sgd_step` updates ``p`` (in host memory, of a dtype it computes as
-        MXNet does, long enough to be the faster)."""
-        return p.dtype in self.NUMPY_DTYPES and p.size >= numpy_from and \
-            p.weight.context.device_type == "cpu"
+        MXNet does)."""
+        return p.dtype in self.COMPILED_DTYPES and p.weight.context.device_type == "cpu"
 
-    def _sgd_numpy(self, p: Piece, momentum, rescale_grad, clip_gradient) -> None:
+    def _sgd_compiled(self, p: Piece, momentum, rescale_grad, clip_gradient) -> None:
         """:func:`sgd_step` on the memory of ``p``'s NDArrays, once MXNet's engine is done
         with them (at once on a server's naive engine)."""
         wait_to_write(p.weight)
         p.grad.wait_to_read()
         if p.momentum is not None:
             wait_to_write(p.momentum)
-        need = p.size if p.momentum is not None else 2 * p.size
-        scratch = self._scratch.get(p.dtype)
-        if scratch is None or scratch.size < need:
-            scratch = self._scratch[p.dtype] = np.empty(need, p.dtype)
         sgd_step(host_view(p.weight, (p.size,)), host_view(p.grad, (p.size,)),
-                 None if p.momentum is None else host_view(p.momentum, (p.size,)), scratch,
+                 None if p.momentum is None else host_view(p.momentum, (p.size,)),
                  p.lr, p.wd, momentum, rescale_grad, clip_gradient)
 
     def state(self, key, weight):

@@ -3,8 +3,8 @@
 
 A server updates a run of adjacent blocks as one array (:class:`kvstore_ext.optimizers.
 ServerOptimizer`).  With momentum, a long array is updated alone, by MXNet's one-array kernel
-(``sgd_mom_update``) or by the kernels' float operations in numpy (``sgd_step``, the
-servers' choice for float32 and float64), rather than by the multi-tensor kernel
+(``sgd_mom_update``) or by the kernels' float operations compiled into one loop
+(``kvstore_ext.kernels.sgd_step``, the servers' choice for float32 and float64), rather than by the multi-tensor kernel
 (``multi_sgd_mom_update``); this times the three through ``ServerOptimizer.apply_runs`` on the
 same flat arrays, interleaved, in the servers' environment (MXNet's naive engine, one OpenMP
 thread), and checks that all give the same bits.
@@ -42,8 +42,7 @@ def parse_args(argv=None):
                    help="passes over the kernels, taken in turn (default 5)")
     p.add_argument("--reps", type=int, default=20, help="calls in a row per pass (default 20)")
     p.add_argument("--clip-gradient", type=float, default=None,
-                   help="SGD's clip_gradient (default: none, as MXNet's SGD; clipping adds "
-                        "passes to the numpy path)")
+                   help="SGD's clip_gradient (default: none, as MXNet's SGD)")
     p.add_argument("--any-env", action="store_true",
                    help="keep this environment's engine and threads instead of the servers'")
     p.add_argument("--out", default=None,
@@ -64,7 +63,7 @@ def flat_run(size: int):
 
 
 #: the paths timed: the multi-tensor kernel for every array, MXNet's one-array kernel for a
-#: long one, and the servers' choice (numpy's passes for a long float32 or float64 array)
+#: long one, and the servers' choice (the compiled loop for a float32 or float64 array)
 KERNELS = ("multi-tensor always", "one-array kernel", "as the servers choose")
 
 
@@ -77,7 +76,7 @@ def optimizer(kernel: str, clip_gradient=None):
     if kernel == "multi-tensor always":
         opt.ALONE_ELEMENTS = float("inf")
     elif kernel == "one-array kernel":
-        opt.NUMPY_DTYPES = ()
+        opt.COMPILED_DTYPES = ()
     return opt
 
 

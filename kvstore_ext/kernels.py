@@ -19,33 +19,37 @@ import numpy as np
 _compiled = None
 
 
+def _step_loop(weight, grad, mom, zero, lr, lr_wd, lr_rescale, rescale, momentum, clip,
+               has_mom, clipping):
+    """The loop :func:`sgd_step` compiles: each element's operations in the kernels' order."""
+    for i in range(weight.size):
+        if has_mom:
+            m = mom[i] * momentum
+            m = m - weight[i] * lr_wd
+        else:
+            m = zero - weight[i] * lr_wd       # 0·0 − (lr·wd)·w: the kernel's sign of a zero
+        if clipping:
+            g = grad[i] * rescale
+            if g > clip:
+                g = clip
+            elif g < -clip:
+                g = -clip
+            m = m - g * lr
+        else:
+            m = m - grad[i] * lr_rescale
+        if has_mom:
+            mom[i] = m
+        weight[i] = weight[i] + m
+
+
 def _compile():
-    """The step's loop, one variant per case, compiled on first use with numba's cache."""
+    """:func:`_step_loop` compiled, kept in numba's cache (next to this file, else in the
+    user's cache folder; numba refuses to cache where neither is writable: then not kept)."""
     import numba
-
-    @numba.njit(cache=True, nogil=True)
-    def step(weight, grad, mom, zero, lr, lr_wd, lr_rescale, rescale, momentum, clip,
-             has_mom, clipping):
-        for i in range(weight.size):
-            if has_mom:
-                m = mom[i] * momentum
-                m = m - weight[i] * lr_wd
-            else:
-                m = zero - weight[i] * lr_wd       # 0·0 − (lr·wd)·w: the kernel's sign of a zero
-            if clipping:
-                g = grad[i] * rescale
-                if g > clip:
-                    g = clip
-                elif g < -clip:
-                    g = -clip
-                m = m - g * lr
-            else:
-                m = m - grad[i] * lr_rescale
-            if has_mom:
-                mom[i] = m
-            weight[i] = weight[i] + m
-
-    return step
+    try:
+        return numba.njit(cache=True, nogil=True)(_step_loop)
+    except RuntimeError:
+        return numba.njit(nogil=True)(_step_loop)
 
 
 def sgd_step(weight: np.ndarray, grad: np.ndarray, mom, lr: float, wd: float,

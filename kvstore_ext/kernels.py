@@ -3,7 +3,7 @@
 The servers and the virtual-time trainer update a run of adjacent blocks as one array
 (:class:`kvstore_ext.optimizers.ServerOptimizer`).  MXNet's kernels at the one OpenMP thread
 a server runs take 1.5-2.9 ns an element, and the same float operations as numpy passes
-0.55; compiled into one loop they go through memory once, at about 0.16 ns an element
+0.55; compiled into one loop they go through memory once, at 0.16-0.32 ns an element
 (``scripts/bench_optimizer.py``).  The loop does the float operations of MXNet's kernels
 (``SGDMomKernel``, ``MultiSGDKernel`` in MXNet's optimizer_op-inl.h) in their order, in the
 array's dtype, with no contraction to fused multiply-adds (numba's default), so the bits are

@@ -69,5 +69,8 @@ def sgd_step(weight: np.ndarray, grad: np.ndarray, mom, lr: float, wd: float,
     lr, wd, momentum, rescale_grad, clip_gradient = (
         cast(np.float32(v)) for v in (lr, wd, momentum, rescale_grad, clip_gradient))
     has_mom = mom is not None
-    _compiled(weight, grad, mom if has_mom else weight, cast(0), lr, lr * wd, lr * rescale_grad,
-              rescale_grad, momentum, clip_gradient, has_mom, bool(clip_gradient >= 0))
+    # without momentum the loop never touches ``mom``: ``weight`` stands in, one array type
+    # for numba to compile for
+    _compiled(weight, grad, mom if has_mom else weight, cast(0), lr, lr * wd,
+              lr * rescale_grad, rescale_grad, momentum, clip_gradient, has_mom,
+              bool(clip_gradient >= 0))

@@ -404,10 +404,10 @@ class ServerOptimizer:
     multi-tensor ones (``multi_sgd_update``, ``multi_sgd_mom_update``), and on a longer array
     the same float operations compiled into one loop (:func:`~kvstore_ext.kernels.sgd_step`),
     with the update counts, learning rates (scheduler and ``lr_mult`` included) and weight
-    decays MXNet's optimizer gives key by key: the same bits, in fewer calls.  Blocks held in :class:`FlatArrays`
-    (a server's) are updated a run at a time: one kernel array for all the adjacent keys that
-    share their rates, their momentum kept in the same flat storage.  Other optimizers go
-    through MXNet's Updater.
+    decays MXNet's optimizer gives key by key: the same bits, in fewer calls.  Blocks held in
+    :class:`FlatArrays` (a server's) are updated a run at a time: one kernel array for all
+    the adjacent keys that share their rates, their momentum kept in the same flat storage.
+    Other optimizers go through MXNet's Updater.
     """
 
     #: keys per call of MXNet's Updater (other optimizers): more than its default, fewer calls

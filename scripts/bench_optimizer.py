@@ -4,10 +4,10 @@
 A server updates a run of adjacent blocks as one array (:class:`kvstore_ext.optimizers.
 ServerOptimizer`).  With momentum, a long array is updated alone, by MXNet's one-array kernel
 (``sgd_mom_update``) or by the kernels' float operations compiled into one loop
-(``kvstore_ext.kernels.sgd_step``, the servers' choice for float32 and float64), rather than by the multi-tensor kernel
-(``multi_sgd_mom_update``); this times the three through ``ServerOptimizer.apply_runs`` on the
-same flat arrays, interleaved, in the servers' environment (MXNet's naive engine, one OpenMP
-thread), and checks that all give the same bits.
+(``kvstore_ext.kernels.sgd_step``, the servers' choice for float32 and float64), rather than
+by the multi-tensor kernel (``multi_sgd_mom_update``); this times the three through
+``ServerOptimizer.apply_runs`` on the same flat arrays, interleaved, in the servers'
+environment (MXNet's naive engine, one OpenMP thread), and checks that all give the same bits.
 
     python scripts/bench_optimizer.py --out results/bench
 """

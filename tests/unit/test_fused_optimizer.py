@@ -255,8 +255,8 @@ SCALES = st.sampled_from([1.0, 0.5, 1 / 3, 1 / 64, 1 / 96, 0.37])
 @example(size=7, dtype=np.float64, lr=1.7, wd=0.3, momentum=None, rescale=0.37,
          clip=0.1, seed=2, specials=False)                     # shorter than a vector
 @settings(max_examples=200, deadline=None)
-def test_compiled_sgd_step_gives_mxnets_kernels_bits(size, dtype, lr, wd, momentum, rescale, clip,
-                                                  seed, specials):
+def test_compiled_sgd_step_gives_mxnets_kernels_bits(size, dtype, lr, wd, momentum, rescale,
+                                                     clip, seed, specials):
     """:func:`sgd_step` against MXNet's kernels as MXNet's SGD calls them, bit for bit: with
     momentum ``sgd_mom_update``; without (None), ``multi_sgd_update`` (NaN and infinities in
     the gradient where ``specials``, weights of both signs of zero)."""

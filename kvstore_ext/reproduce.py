@@ -54,8 +54,8 @@ def virtual_jobs() -> int:
     one.  A run's calling thread and MXNet's engine thread keep about 1.3 cores busy between
     them, so as many processes as cores fill the cores while all run; one more keeps them
     filled while the last runs end (``make bench-virtual``'s five runs on two cores,
-    2026-12-07: 13 min 27 s, 15 min 1 s on a busier hour and 13 min 49 s with 3 processes,
-    against 15 min 7 s with 2; the same records)."""
+    2026-12-07: 13 min 27 s to 15 min 1 s with 3 processes, 15 min 7 s with 2; the same
+    records; docs/virtual_training.md)."""
     cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
              else os.cpu_count())
     return (cores or 1) + 1

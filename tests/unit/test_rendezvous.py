@@ -2,6 +2,7 @@
 wait for the job to start can end, and none of them waits forever."""
 import functools
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -136,7 +137,6 @@ def test_the_schedulers_answer_is_returned_or_raised(scheduler, op):
 
 
 def test_nothing_at_the_address_ends_at_the_start_timeout_and_says_so():
-    import socket
     # a port held but not listening: every connection is refused, and no other process can
     # bind it while the wait lasts (a port only closed could be taken by a job's scheduler in
     # a run beside this one, likely what made this test fail once)
@@ -156,7 +156,6 @@ def test_connections_cut_during_the_handshake_without_a_reason_are_a_refusal():
     it; under load the job's scheduler refusing a handshake did the same once in CI, the
     refusal's reason never read).  Before, the first cut was taken for a scheduler lost before
     the start; ZeroMQ connects again, and three such cuts are a refusal."""
-    import socket
     import struct
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

@@ -56,6 +56,7 @@ PLUGINS = "KVX_PLUGINS"               # modules that register more store types (
 MAX_FRAME_MB = "KVX_MAX_FRAME_MB"     # transport limits (ps.transport.Limits)
 MAX_FRAMES = "KVX_MAX_FRAMES"
 CURVE = "KVX_CURVE"
+SHM = "KVX_SHM"                       # "0": no shared-memory lanes between nodes of a host (ps.shm)
 SERVER_MALLOC = "KVX_SERVER_MALLOC"   # "default": servers leave malloc's thresholds (ps.heap)
 AUTOLOAD = "KVX_AUTOLOAD"             # a remote worker's autoload folder (launch.process)
 

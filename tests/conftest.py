@@ -94,9 +94,23 @@ def pytest_runtest_makereport(item, call):
         item.call_failed = report.failed
 
 
+def rings_left() -> set[str]:
+    """Shared-memory rings (kvstore_ext.ps.shm) in /dev/shm whose creator has exited: what a
+    job leaves behind when a ring's cleanup fails."""
+    from kvstore_ext.ps import shm
+    try:
+        names = os.listdir(shm.SHM_DIR)
+    except OSError:
+        return set()
+    uid = str(os.geteuid())
+    return {n for n in names if (m := shm._NAME.fullmatch(n)) and m.group(1) == uid
+            and not os.path.exists(f"/proc/{m.group(2)}")}
+
+
 @pytest.fixture
 def jobs(request):
     started: list[Job] = []
+    left_before = rings_left()
 
     def start(argv, env=None, cwd=None) -> Job:
         job = Job(argv, env, cwd)
@@ -114,6 +128,12 @@ def jobs(request):
         for job in started:
             for report in crash_reports(job.output):
                 print(f"a process of {' '.join(job.argv[:4])} ... crashed:\n{report}")
+    leaked = rings_left() - left_before
+    if started and leaked:
+        from kvstore_ext.ps import shm
+        shm.sweep()
+        pytest.fail(f"the test's jobs left {len(leaked)} shared-memory rings in /dev/shm: "
+                    f"{sorted(leaked)[:5]}")
 
 
 def launch_argv(workers: int, servers: int, command: list[str], *options: str) -> list[str]:

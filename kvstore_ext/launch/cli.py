@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-frames", type=int, default=4096,
                    help="the most frames one message may have: about the most arrays of 64 KB "
                         "or more that one call sends to one server (default 4096)")
+    p.add_argument("--no-shm", action="store_true",
+                   help="send every message through the sockets. By default, nodes on one host "
+                        "(the same boot, namespaces and user) pass a message's arrays of 256 KB "
+                        "or more through shared memory (/dev/shm, one ring per peer), which "
+                        "saves the kernel's copies; the socket still carries the authenticated "
+                        "header (see docs/performance.md)")
     p.add_argument("--device", type=str, metavar="D0,D1,...",
                    help="emulated devices: each worker's iteration lasts max(host compute, device "
                         "time), whatever the host's load. A device is a GPU name timed on "

@@ -97,6 +97,8 @@ class Job:
                     jobenv.START_TIMEOUT: str(a.start_timeout), jobenv.WINDOW_MB: str(a.window_mb),
                     jobenv.MAX_FRAME_MB: str(a.max_frame_mb),
                     jobenv.MAX_FRAMES: str(a.max_frames), jobenv.CURVE: "1" if a.curve else "0"})
+        if a.no_shm:
+            env[jobenv.SHM] = "0"
         if self.launcher != "ssh":
             env[jobenv.SECRET] = self.secret   # over ssh it travels on stdin, not argv
         bound = os.environ.get(jobenv.MXNET_BIGARRAY_BOUND)

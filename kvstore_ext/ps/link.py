@@ -32,7 +32,7 @@ from ..errors import (JobAbortedError, KVStoreError, NodeLostError, SchedulerLos
                      ServerLostError, StalledError, WorkerLostError)
 from .transport import (AuthError, Codec, Limits, Packed, configure, destroy, disconnected,
                         message_size_problem, new_context, queue)
-from . import rendezvous
+from . import rendezvous, shm
 from .protocol import Op
 from .rendezvous import connection_lost
 
@@ -552,8 +552,12 @@ class Connection:
         #: kvstore call for a while (:meth:`notice`), for the stall reports
         self.quiet: tuple = (0.0, [])
         self.store = store
+        self.host_token = shm.host_token()
         self._register(store, sched_monitor)
         self.codec.names.add(f"worker:{self.rank}")
+        for j, token in enumerate(self.topology.get("server_hosts") or ()):
+            if self.host_token is not None and token == self.host_token:
+                self.codec.local_peers.add(f"server:{j}")
         self.tx, rx = [], []
         self.tx_out = []
         self.rx_names = []
@@ -617,7 +621,7 @@ class Connection:
                 try:   # a server that reads nothing fills the queue: a hello is waiting there
                     self.tx[server].send_multipart(self.codec.seal(
                         {"op": Op.HELLO, "seq": 0, "worker": self.rank,
-                         "reply_to": self.rx_names[server]},
+                         "reply_to": self.rx_names[server], "shm": self.host_token},
                         to=f"server:{server}", outbox=self.tx_out[server]), flags=zmq.NOBLOCK)
                 except zmq.Again:
                     pass
@@ -895,3 +899,4 @@ class Connection:
             self.link.stopping.set()
             self.link.join(timeout=2)
             destroy(self.ctx)
+            self.codec.close()

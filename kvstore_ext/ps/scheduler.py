@@ -314,8 +314,13 @@ class Scheduler:
         server_addrs = [f"tcp://{h['host']}:{h['port']}" for _, h in servers]
         now = time.monotonic()
         self.server_addrs = server_addrs
+        # each server's host token (shm.host_token): workers on its host send it
+        # their large messages through shared memory
+        hosts = [h.get("shm") if isinstance(h.get("shm"), str) and len(h["shm"]) <= 64 else None
+                 for _, h in servers]
         common = {"op": Op.TOPOLOGY, "num_workers": self.num_workers,
                   "num_servers": self.num_servers, "servers": server_addrs,
+                  "server_hosts": hosts,
                   "store": self.store, "on_worker_death": self.on_worker_death}
         for j, (ident, h) in enumerate(servers):
             self.nodes[("server", j)] = {"ident": ident, "state": "live", "last_seen": now}

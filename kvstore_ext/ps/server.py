@@ -29,7 +29,7 @@ from .heap import keep_freed_buffers
 from ..metrics import ServerMetrics, write_json
 from ..policies.base import MAX_REPLY_HOLD_S
 
-from . import rendezvous
+from . import rendezvous, shm
 from .protocol import BLOCK, DTYPE, INIT_SIZE, KEY, SHAPE, SIZE, Op, check_request
 from .transport import (HANDSHAKE_FAILED, AuthError, Codec, HandshakeGuard, Limits, Packed,
                         array_from_buffer, bind_random, configure, destroy, disconnected,
@@ -274,6 +274,8 @@ class Server:
         self.router_out, self.router_in = self.codec.outbox(), self.codec.inbox()
         self.sched_out, self.sched_in = self.codec.outbox(), self.codec.inbox()
         self.malformed = 0
+        #: who shares this host's memory has the same token (None: no shared-memory lanes)
+        self.host_token = shm.host_token()
         self.ctx = new_context()
         self.guard = HandshakeGuard(self.ctx, self.limits)
         self.router = configure(self.ctx.socket(zmq.ROUTER), self.limits)
@@ -332,7 +334,7 @@ class Server:
     def _register(self) -> None:
         registration = self.codec.seal(
             {"op": Op.REGISTER, "role": "server", "host": self.env.node_host, "port": self.port,
-             "node": self.node}, to="scheduler", outbox=self.sched_out)
+             "node": self.node, "shm": self.host_token}, to="scheduler", outbox=self.sched_out)
         try:
             header = rendezvous.join(self.sched, self.sched_in, registration,
                                      self.sched_monitor, self.env, "server")
@@ -517,6 +519,7 @@ class Server:
             write_json(self.env.metrics_dir, f"server-{self.rank}.json", self.stats())
         self.guard.stop()
         destroy(self.ctx)
+        self.codec.close()
 
     def handle(self, frames) -> None:
         """One request: authenticated, checked against the schema, then served.  Nothing
@@ -1159,6 +1162,14 @@ class Server:
         self.reply(ident, header["seq"], worker=worker)
 
     def op_hello(self, ident, header, buffers) -> None:
+        peer = f"worker:{header['worker']}"
+        # a worker says hello when it starts: one that joins under a rank that was another's
+        # maps a ring of its own
+        self.router_out.lanes.forget(peer)
+        if self.host_token is not None and header.get("shm") == self.host_token:
+            self.codec.local_peers.add(peer)
+        else:
+            self.codec.local_peers.discard(peer)
         self.reply(ident, header["seq"], worker=header["worker"])
 
     def op_stats(self, ident, header, buffers) -> None:
@@ -1171,6 +1182,8 @@ class Server:
         # the sets of blocks one policy decides for: a push naming only some of a set splits
         # it for good, and each set costs its own policy call, sums and kernel calls a push
         out["groups"] = len(self.groups)
+        # messages that came and went through shared memory (workers on this host)
+        out["lanes"] = dict(self.codec.lane_messages)
         # messages refused before they were served, by reason (unauthenticated, replayed,
         # misaddressed, oversized), and authenticated ones that did not fit the schema;
         # connections refused at the handshake

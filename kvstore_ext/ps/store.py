@@ -832,7 +832,8 @@ class ParameterServerStore(MXNetCalls, KVStoreBase):
         self._metrics.bytes_sent = self._conn.bytes_sent
         self._metrics.bytes_received = self._conn.bytes_received
         worker = {**self._metrics.to_dict(), "window_mb": self._conn.env.window_bytes / 2 ** 20,
-                  "rejected": dict(self._conn.codec.rejected)}
+                  "rejected": dict(self._conn.codec.rejected),
+                  "lanes": dict(self._conn.codec.lane_messages)}
         return {"type": self.type, "params": self.params, "rank": self.rank,
                 "num_workers": self.num_workers, "worker": worker,
                 "servers": [replies[s][0]["stats"] for s in sorted(replies)]}

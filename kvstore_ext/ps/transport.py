@@ -2,7 +2,9 @@
 
 A message is a list of frames ``[header, auth, buffer...]``: a JSON header, a
 32-byte authenticator (a random nonce and a tag), then raw array buffers sent
-without copies.  The tag is AES-GMAC (AES-GCM over associated data only) under
+without copies.  To a peer on this host (``Codec.local_peers``) a message of
+256 KB or more is ``[header, auth + descriptor]``: its buffers lie in a
+shared-memory ring (:mod:`.shm`), and the tag is the same as on the socket.  The tag is AES-GMAC (AES-GCM over associated data only) under
 a one-time AES-128 key derived from the job secret and the nonce (keyed
 BLAKE2b), taken over every frame with its length, so a peer without the secret
 can neither forge nor alter a message.  Every step moves the whole model, so
@@ -51,6 +53,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from .. import jobenv
+from . import shm
 from .protocol import ALIGN, OWN_FRAME_BYTES, pack_runs
 
 NONCE_BYTES = 16
@@ -146,6 +149,8 @@ class Outbox:
     def __init__(self):
         self.session = os.urandom(8).hex()
         self._counter = itertools.count(1)
+        #: shared-memory rings to the peers on this host it sends large messages to
+        self.lanes = shm.Lanes()
 
     def stamp(self, header: dict, to: str | None) -> dict:
         stamped = {**header, SESSION: self.session, COUNTER: next(self._counter)}
@@ -160,6 +165,7 @@ class Inbox:
     def __init__(self, codec: "Codec"):
         self.codec = codec
         self.last: dict[str, int] = {}
+        self.mapped = shm.Mapped()   # the rings of the peers on this host that send to it
 
     def open(self, frames) -> tuple[dict, list]:
         return self.codec.open(frames, self)
@@ -198,8 +204,15 @@ class Codec:
         self.max_frame_bytes = max_frame_bytes or DEFAULT_MAX_FRAME_BYTES
         self.names: set[str] = set(names)
         self.rejected: Counter = Counter()
-        self._default_outbox = Outbox()
-        self._default_inbox = Inbox(self)
+        #: the peers (node names) on this host: large messages to them go by shared memory
+        self.local_peers: set[str] = set()
+        #: messages sent and received through shared-memory lanes
+        self.lane_messages = Counter()
+        self._lane_key = shm.descriptor_key(self._secret)
+        self._outboxes: list[Outbox] = []
+        self._inboxes: list[Inbox] = []
+        self._default_outbox = self.outbox()
+        self._default_inbox = self.inbox()
         self._lock = threading.Lock()
 
     def worth_logging(self, exc: AuthError) -> bool:
@@ -209,10 +222,21 @@ class Codec:
         return n <= 5 or n % 1000 == 0
 
     def outbox(self) -> Outbox:
-        return Outbox()
+        box = Outbox()
+        self._outboxes.append(box)
+        return box
 
     def inbox(self) -> Inbox:
-        return Inbox(self)
+        box = Inbox(self)
+        self._inboxes.append(box)
+        return box
+
+    def close(self) -> None:
+        """Unlink and unmap the shared-memory rings of its outboxes and inboxes."""
+        for box in self._outboxes:
+            box.lanes.close()
+        for box in self._inboxes:
+            box.mapped.close()
 
     def _tag(self, nonce: bytes, head: bytes, buffers) -> bytes:
         """AES-GMAC of ``len(head), head, (len(buffer), buffer)...`` (lengths as 8 bytes,
@@ -251,7 +275,26 @@ class Codec:
             head = f'{head[:-1]},"{LAYOUT}":{buffers.layout_json}}}'
         head = head.encode()
         nonce = os.urandom(NONCE_BYTES)
+        if to in self.local_peers:
+            frames = self._by_lane(head, nonce, buffers.frames, to, outbox or self._default_outbox)
+            if frames is not None:
+                return frames
         return [head, nonce + self._tag(nonce, head, buffers.frames), *buffers.frames]
+
+    def _by_lane(self, head: bytes, nonce: bytes, frames, to: str, outbox: Outbox):
+        """The message with its data frames in ``outbox``'s ring to ``to``: header and
+        authenticator, the descriptor after the tag; None when it goes on the socket."""
+        views = [_as_bytes_view(f) for f in frames]
+        nbytes = shm.frames_bytes(views)
+        if nbytes < shm.MIN_BYTES:
+            return None
+        ring = outbox.lanes.ring(to, nbytes)
+        placed = ring.write(views) if ring is not None else None
+        if placed is None:
+            return None
+        self.lane_messages["sent"] += 1
+        tag = self._tag(nonce, head, ring.views(placed[0], placed[2]))
+        return [head, nonce + tag + shm.describe(self._lane_key, nonce, ring, placed)]
 
     def open(self, frames, inbox: Inbox | None = None) -> tuple[dict, list[memoryview]]:
         """Check the authenticator, then parse, then the session counter and addressee;
@@ -263,16 +306,40 @@ class Codec:
                 self.rejected[exc.reason] += 1
             raise
 
+    def _from_lane(self, auth: bytes, inbox: Inbox) -> list:
+        """Copies of a lane message's data frames, taken (and released) from the ring its
+        authenticated descriptor names; the message's tag is checked over them after."""
+        nonce = auth[:NONCE_BYTES]
+        try:
+            name, capacity, start, end, sizes = shm.read_descriptor(
+                self._lane_key, nonce, auth[NONCE_BYTES + TAG_BYTES:], DEFAULT_MAX_FRAMES)
+        except shm.UnauthenticDescriptor as exc:
+            raise AuthError(str(exc)) from None
+        except ValueError as exc:
+            raise MalformedError(f"malformed message: {exc}") from None
+        try:
+            buffers = inbox.mapped.get(name, capacity).take(start, end, sizes)
+        except shm.LaneError as exc:
+            raise MalformedError(str(exc)) from None
+        self.lane_messages["received"] += 1
+        return buffers
+
     def _open(self, frames, inbox: Inbox):
         if len(frames) < 2:
             raise AuthError("malformed message: fewer than two frames")
         head = _frame_bytes(frames[0])
         auth = _frame_bytes(frames[1])
-        if len(auth) != NONCE_BYTES + TAG_BYTES:
+        if len(auth) < NONCE_BYTES + TAG_BYTES:
             raise AuthError("malformed message: bad authenticator length")
         if len(head) > MAX_HEADER_BYTES:
             raise LimitError(f"header of {len(head)} bytes")
-        buffers = [_as_bytes_view(f) for f in frames[2:]]
+        if len(auth) > NONCE_BYTES + TAG_BYTES:   # its data frames in a shared-memory lane
+            if len(frames) != 2:
+                raise AuthError("malformed message: a lane's message with data frames")
+            buffers = self._from_lane(auth, inbox)
+            auth = auth[:NONCE_BYTES + TAG_BYTES]
+        else:
+            buffers = [_as_bytes_view(f) for f in frames[2:]]
         expected = self._tag(auth[:NONCE_BYTES], head, buffers)
         if not hmac.compare_digest(expected, auth[NONCE_BYTES:]):
             raise AuthError("message not authenticated with the job secret")

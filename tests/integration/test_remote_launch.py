@@ -109,7 +109,10 @@ class LaunchedJob:
                 continue
             name = os.path.basename(p.argv[0]) if p.argv else ""
             # (the launcher's `mpirun --version` probe carries the marker too, but starts no node)
-            if name in ("ssh", "mpirun", "orterun") and p.argv[1:] != ["--version"]:
+            parent = table.get(p.ppid)
+            forked = parent is not None and parent.argv == p.argv   # mpirun's fork of itself
+            if name in ("ssh", "mpirun", "orterun") and p.argv[1:] != ["--version"] \
+                    and not forked:
                 p.environ   # read now, while it runs
                 self.starters[p.pid] = p
             guard = table.get(p.ppid)

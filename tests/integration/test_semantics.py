@@ -40,16 +40,23 @@ def synchronous_rounds(num_workers, pushes, momentum):
     return out
 
 
-def run_exact_updates(run_job, tmp_path, kvstore, servers, *options, pushes=200):
+def run_exact_updates(run_job, tmp_path, kvstore, servers, *options, pushes=200, launch=()):
     out = str(tmp_path / "final.npz")
     code, log = run_job(4, servers, [os.path.join(JOBS, "exact_updates.py"), "--kvstore", kvstore,
-                                     "--pushes", str(pushes), "--out", out, *options],
-                        env={"KVX_BIGARRAY_BOUND": "100"})   # 'big' (2000 elements) is split
+                                     "--pushes", str(pushes), "--out", out, *options], *launch,
+                        env={"KVX_BIGARRAY_BOUND": "100"})   # 'big' and 'lane' are split
     assert code == 0, log[-3000:]
     stats = read_json(out + ".json")["stats"]
     applied = sum(s["pushes_applied"] for s in stats["servers"])
-    blocks_per_push = 1 + servers            # 'small' whole, 'big' in one block per server
+    blocks_per_push = 1 + 2 * servers    # 'small' whole, 'big' and 'lane' a block per server
     assert applied == 4 * pushes * blocks_per_push
+    # the pushes came, and the weights went back, through shared memory (all on one host)
+    lanes = [s["lanes"] for s in stats["servers"]] + [stats["worker"]["lanes"]]
+    if "--no-shm" in launch:
+        assert not any(lanes), lanes
+    else:
+        assert all(lane.get("received", 0) > 0 for lane in lanes), lanes
+        assert all(lane.get("sent", 0) > 0 for lane in lanes), lanes
     return np.load(out)
 
 
@@ -62,6 +69,14 @@ def test_no_update_is_lost(run_job, tmp_path, kvstore, servers):
     ``dist_psp`` (c = n) lost all but one of a worker's plain pushes made without a pull
     between them: each was stamped with the version before the last push's round."""
     got = run_exact_updates(run_job, tmp_path, kvstore, servers)
+    for k, want in expected_weights(4, 200).items():
+        rel = np.abs(got[k] - want).max() / np.abs(want).max()
+        assert rel <= 1e-5, f"key {k}: relative error {rel}"
+
+
+def test_no_update_is_lost_with_every_message_on_the_sockets(run_job, tmp_path):
+    """The same with ``--no-shm``: the socket path, with no shared-memory lane."""
+    got = run_exact_updates(run_job, tmp_path, "dist_asp", 2, launch=("--no-shm",))
     for k, want in expected_weights(4, 200).items():
         rel = np.abs(got[k] - want).max() / np.abs(want).max()
         assert rel <= 1e-5, f"key {k}: relative error {rel}"

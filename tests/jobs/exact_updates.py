@@ -18,7 +18,9 @@ import numpy as np
 import kvstore_ext  # noqa: F401
 
 LR = 2.0 ** -7
-SHAPES = {"small": (7,), "big": (40, 50)}   # str keys: MXNet does not mix int and str
+# str keys: MXNet does not mix int and str.  'lane' (640 KB) makes every message to a server
+# large enough for a shared-memory lane between processes of one host (ps.shm.MIN_BYTES)
+SHAPES = {"small": (7,), "big": (40, 50), "lane": (400, 400)}
 
 
 def grad(key, worker, i):

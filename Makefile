@@ -13,7 +13,7 @@ HOROVOD_ENV := HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT
                HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO MAKEFLAGS=-j2
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-long test-fast demo bench bench-kvstore bench-train bench-targets bench-optimizer bench-dssp-policy bench-dcs3gd bench-plan \
+.PHONY: setup test test-long test-fast demo bench bench-kvstore bench-lanes bench-train bench-targets bench-optimizer bench-dssp-policy bench-dcs3gd bench-plan \
         bench-virtual reproduce reproduce-dssp reproduce-psp reproduce-8workers reproduce-virtual clean help
 
 help:
@@ -22,6 +22,7 @@ help:
 	@echo "make test-long - only the long experiments (about 12 minutes; CI runs both)"
 	@echo "make test-fast - only the unit tests (no jobs; about a minute)"
 	@echo "make bench   - kvstore round rates and end-to-end training speed vs MXNet's own stores,"
+	@echo "               what shared memory saves a round (make bench-lanes),"
 	@echo "               the planner's predictions against real jobs (make bench-plan) and"
 	@echo "               1,024 virtual workers trained in one process (make bench-virtual)"
 	@echo "make reproduce - the DSSP and PSP-SGD papers' experiments at this machine's scale, on emulated"
@@ -88,10 +89,14 @@ test-fast: setup
 demo: setup
 	$(PY) scripts/demo.py
 
-bench: bench-kvstore bench-train bench-targets bench-optimizer bench-dssp-policy bench-dcs3gd bench-plan bench-virtual
+bench: bench-kvstore bench-lanes bench-train bench-targets bench-optimizer bench-dssp-policy bench-dcs3gd bench-plan bench-virtual
 
 bench-kvstore: setup
 	$(PY) scripts/bench_kvstore.py --trials 3 --out results/bench
+
+# CPU per LeNet round of a whole job, sockets against shared-memory lanes (about 3 minutes)
+bench-lanes: setup
+	$(PY) scripts/bench_lanes.py --trials 3 --out results/bench
 
 bench-train: setup
 	$(PY) scripts/bench_train.py --trials 3 --out results/bench

@@ -59,8 +59,10 @@ RING_MAX_BYTES = 1 << 30
 RING_HEADER = 64
 #: frames start at multiples of this in a ring (a cache line: aligned for any dtype)
 FRAME_ALIGN = 64
-#: rings a receiving socket keeps mapped (its job's senders to it: one per peer)
-MAX_RINGS = 256
+#: rings a receiving socket keeps mapped (its job's senders to it: a few per peer, see Lanes)
+MAX_RINGS = 4096
+#: the most frames a lane's message carries (a message of more goes on the socket)
+MAX_FRAMES = 4096
 #: sessions' rings' names: the creator's uid and pid, and a random part
 _NAME = re.compile(r"kvx-(\d+)-(\d+)-[0-9a-f]{12}")
 _NAME_BYTES = 48
@@ -250,41 +252,49 @@ class ReceiveRing:
 
 
 class Lanes:
-    """A sending socket's rings, one per peer (by node name), made at its first large message."""
+    """A sending socket's rings, one per peer (by node name), made at its first large message.
+
+    A message larger than half its peer's ring gets a new ring of four times its size (the
+    first message to a peer may be a small key's); the old one stays mapped, since the peer
+    may not have read (or even mapped) it yet, until the lanes close.  Each new ring is at
+    least twice the last, so a peer has at most a few, up to ``RING_MAX_BYTES``."""
 
     def __init__(self):
         self.rings: dict[str, SendRing] = {}
+        self.retired: dict[str, list[SendRing]] = {}
         self.failed: set[str] = set()
 
     def ring(self, to: str, nbytes: int) -> SendRing | None:
         ring = self.rings.get(to)
-        if ring is None and to not in self.failed:
-            capacity = max(RING_MIN_BYTES, RING_MESSAGES * _aligned(nbytes))
-            capacity = -(-capacity // (1 << 20)) * (1 << 20)
-            if capacity > RING_MAX_BYTES:
-                return None
-            try:
-                ring = self.rings[to] = SendRing(capacity)
-            except OSError as exc:
-                self.failed.add(to)
-                log.warning("kvstore_ext: no shared-memory lane to %s (%s); its messages go on "
-                         "the socket", to, exc.strerror or exc)
-                return None
-        if ring is not None and 2 * _aligned(nbytes) > ring.capacity:
+        if ring is not None and 2 * _aligned(nbytes) <= ring.capacity:
+            return ring
+        if to in self.failed:
             return None
-        return ring
+        capacity = max(RING_MIN_BYTES, RING_MESSAGES * _aligned(nbytes))
+        capacity = -(-capacity // (1 << 20)) * (1 << 20)
+        if capacity > RING_MAX_BYTES:
+            return None
+        try:
+            new = SendRing(capacity)
+        except OSError as exc:
+            self.failed.add(to)
+            log.warning("kvstore_ext: no shared-memory lane to %s (%s); its messages go on the "
+                        "socket", to, exc.strerror or exc)
+            return None
+        if ring is not None:
+            self.retired.setdefault(to, []).append(ring)
+        self.rings[to] = new
+        return new
 
     def forget(self, to: str) -> None:
-        """Close the ring to ``to`` (a new process under that name maps a new one)."""
-        ring = self.rings.pop(to, None)
-        if ring is not None:
+        """Close the rings to ``to`` (a new process under that name maps new ones)."""
+        for ring in [*self.retired.pop(to, []), *filter(None, [self.rings.pop(to, None)])]:
             ring.close()
         self.failed.discard(to)
 
     def close(self) -> None:
-        for ring in self.rings.values():
-            ring.close()
-        self.rings.clear()
+        for to in [*self.rings, *self.retired]:
+            self.forget(to)
 
 
 def frames_bytes(frames) -> int:
@@ -299,7 +309,7 @@ def describe(key: bytes, nonce: bytes, ring: SendRing, placed) -> bytes:
     return body + hashlib.blake2b(nonce + body, key=key, digest_size=DESC_TAG_BYTES).digest()
 
 
-def read_descriptor(key: bytes, nonce: bytes, data: bytes, max_frames: int):
+def read_descriptor(key: bytes, nonce: bytes, data: bytes):
     """``(name, capacity, start, end, sizes)`` of an authentic descriptor; raises ValueError
     (unauthentic or malformed), before anything in it is used."""
     if len(data) < _FIXED.size + DESC_TAG_BYTES:
@@ -309,7 +319,7 @@ def read_descriptor(key: bytes, nonce: bytes, data: bytes, max_frames: int):
     if not hmac.compare_digest(expected, tag):
         raise UnauthenticDescriptor("lane descriptor not authenticated with the job secret")
     raw, capacity, start, end, count = _FIXED.unpack_from(body)
-    if count > max_frames or len(body) != _FIXED.size + 8 * count:
+    if count > MAX_FRAMES or len(body) != _FIXED.size + 8 * count:
         raise ValueError("descriptor's frame count does not fit it")
     sizes = list(struct.unpack_from(f"<{count}Q", body, _FIXED.size))
     name = raw.rstrip(b"\0").decode("ascii", "replace")

@@ -4,8 +4,9 @@ A message is a list of frames ``[header, auth, buffer...]``: a JSON header, a
 32-byte authenticator (a random nonce and a tag), then raw array buffers sent
 without copies.  To a peer on this host (``Codec.local_peers``) a message of
 256 KB or more is ``[header, auth + descriptor]``: its buffers lie in a
-shared-memory ring (:mod:`.shm`), and the tag is the same as on the socket.  The tag is AES-GMAC (AES-GCM over associated data only) under
-a one-time AES-128 key derived from the job secret and the nonce (keyed
+shared-memory ring (:mod:`.shm`), and the tag is the same as on the socket.
+The tag is AES-GMAC (AES-GCM over associated data only) under a one-time
+AES-128 key derived from the job secret and the nonce (keyed
 BLAKE2b), taken over every frame with its length, so a peer without the secret
 can neither forge nor alter a message.  Every step moves the whole model, so
 the MAC's cost per byte matters: with AES and carry-less multiplication in the
@@ -286,7 +287,7 @@ class Codec:
         authenticator, the descriptor after the tag; None when it goes on the socket."""
         views = [_as_bytes_view(f) for f in frames]
         nbytes = shm.frames_bytes(views)
-        if nbytes < shm.MIN_BYTES:
+        if nbytes < shm.MIN_BYTES or len(views) > shm.MAX_FRAMES:
             return None
         ring = outbox.lanes.ring(to, nbytes)
         placed = ring.write(views) if ring is not None else None
@@ -312,7 +313,7 @@ class Codec:
         nonce = auth[:NONCE_BYTES]
         try:
             name, capacity, start, end, sizes = shm.read_descriptor(
-                self._lane_key, nonce, auth[NONCE_BYTES + TAG_BYTES:], DEFAULT_MAX_FRAMES)
+                self._lane_key, nonce, auth[NONCE_BYTES + TAG_BYTES:])
         except shm.UnauthenticDescriptor as exc:
             raise AuthError(str(exc)) from None
         except ValueError as exc:

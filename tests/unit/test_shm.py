@@ -228,3 +228,20 @@ def test_an_authenticator_of_the_wrong_length_is_unauthenticated_not_a_lane(pair
             inbox.open([b"{}", auth])
         assert caught.value.reason == "unauthenticated"
     assert receiver.rejected["unauthenticated"] == 3 and not inbox.mapped.rings
+
+
+def test_a_message_too_large_for_its_ring_gets_a_larger_one_and_the_old_one_still_reads(pair):
+    """The first message to a peer may be a small key's: a later, larger one makes a ring of
+    its size, while the first ring, not yet read (nor mapped), stays for its message."""
+    sender, out, receiver, inbox = pair
+    small = [np.arange(80_000, dtype=np.float32)]              # 320 KB: a 4 MB ring
+    large = [np.arange(1_500_000, dtype=np.float32) * 0.5]     # 6 MB: too large for it
+    first = sender.seal({"i": 0}, small, to="b", outbox=out)
+    second = sender.seal({"i": 1}, large, to="b", outbox=out)
+    assert len(first) == 2 and len(second) == 2
+    assert out.lanes.rings["b"].capacity >= 4 * large[0].nbytes
+    assert len(out.lanes.retired["b"]) == 1
+    check(inbox.open(first)[1], small)
+    check(inbox.open(second)[1], large)
+    check(inbox.open(sender.seal({"i": 2}, small, to="b", outbox=out))[1], small)
+    assert len(inbox.mapped.rings) == 2

@@ -14,7 +14,7 @@ the receiver has checked.
 What a lane never does is wait.  A message that does not fit in the free part of the ring
 (the receiver is slow, hung or gone) travels on the socket as before, as do messages under
 ``MIN_BYTES``.  Only peers whose :func:`host_token` equals ours use lanes: the same boot,
-the same mount and IPC namespaces, the same user and the same ``/dev/shm``.
+the same mount and IPC namespaces, the same user and the same ``/dev/shm``, on x86-64.
 
 Cleanup: the sender creates a ring's file (``/dev/shm/kvx-<uid>-<pid>-<random>``, mode 0600,
 its pages reserved up front so a full ``/dev/shm`` is an error at creation, not a SIGBUS at
@@ -34,6 +34,7 @@ import hmac
 import logging
 import mmap
 import os
+import platform
 import re
 import stat
 import struct
@@ -85,6 +86,10 @@ def host_token() -> str | None:
     when this host has no such directory, or lanes are off (``KVX_SHM=0``, ``launch.py
     --no-shm``)."""
     if os.environ.get(jobenv.SHM, "1") in ("0", ""):
+        return None
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        # the receiver releases a ring's bytes with a plain store after its copy of them: in
+        # order on x86-64's memory model, not on weaker ones (ARM), where it would need a fence
         return None
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:

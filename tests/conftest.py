@@ -98,13 +98,7 @@ def rings_left() -> set[str]:
     """Shared-memory rings (kvstore_ext.ps.shm) in /dev/shm whose creator has exited: what a
     job leaves behind when a ring's cleanup fails."""
     from kvstore_ext.ps import shm
-    try:
-        names = os.listdir(shm.SHM_DIR)
-    except OSError:
-        return set()
-    uid = str(os.geteuid())
-    return {n for n in names if (m := shm._NAME.fullmatch(n)) and m.group(1) == uid
-            and not os.path.exists(f"/proc/{m.group(2)}")}
+    return set(shm.orphans())
 
 
 @pytest.fixture

@@ -16,12 +16,13 @@ What a lane never does is wait.  A message that does not fit in the free part of
 ``MIN_BYTES``.  Only peers whose :func:`host_token` equals ours use lanes: the same boot,
 the same mount and IPC namespaces, the same user and the same ``/dev/shm``, on x86-64.
 
-Cleanup: the sender creates a ring's file (``/dev/shm/kvx-<uid>-<pid>-<random>``, mode 0600,
+Cleanup: the sender creates a ring's file (``/dev/shm/kvx-<uid>-<pid ns>-<pid>-<random>``, 0600,
 its pages reserved up front so a full ``/dev/shm`` is an error at creation, not a SIGBUS at
 a write); the receiver maps it on the first message that names it and unlinks the name at
 once, so from then on the memory goes when both processes have unmapped it, however they
 end.  A sender unlinks its rings when it closes; rings whose creator died before a receiver
-took them are removed by the next lane any process of the same user creates (:func:`sweep`).
+took them are removed by the next lane a process of the same user and PID namespace creates
+(:func:`sweep`).
 
 The descriptor is authenticated on its own (a keyed BLAKE2b tag of the message's nonce and
 the descriptor) before a ring is opened: a peer without the job's secret cannot make a node
@@ -64,9 +65,10 @@ FRAME_ALIGN = 64
 MAX_RINGS = 4096
 #: the most frames a lane's message carries (a message of more goes on the socket)
 MAX_FRAMES = 4096
-#: sessions' rings' names: the creator's uid and pid, and a random part
-_NAME = re.compile(r"kvx-(\d+)-(\d+)-[0-9a-f]{12}")
-_NAME_BYTES = 48
+#: rings' names: the creator's uid, PID namespace and pid, and a random part (a /dev/shm
+#: shared between containers holds rings whose pids mean nothing in ours)
+NAME = re.compile(r"kvx-(\d+)-(\d+)-(\d+)-[0-9a-f]{12}")
+_NAME_BYTES = 64
 #: descriptor: ring name, ring capacity, start, end (bytes written in all, after this
 #: message), frame count; then one uint64 size per frame; then its tag
 _FIXED = struct.Struct(f"<{_NAME_BYTES}sQQQI")
@@ -112,18 +114,30 @@ def _aligned(n: int) -> int:
     return -(-n // FRAME_ALIGN) * FRAME_ALIGN
 
 
-def sweep() -> int:
-    """Remove this user's rings whose creator is gone and that no receiver took; how many."""
-    uid = str(os.geteuid())
-    removed = 0
+def pid_namespace() -> str:
+    """This process's PID namespace (its inode), "0" when it cannot be told."""
+    try:
+        return re.sub(r"\D", "", os.readlink("/proc/self/ns/pid")) or "0"
+    except OSError:
+        return "0"
+
+
+def orphans() -> list[str]:
+    """This user's rings in ``SHM_DIR`` made by processes of this PID namespace that are gone
+    (and that no receiver took)."""
+    uid, ns = str(os.geteuid()), pid_namespace()
     try:
         names = os.listdir(SHM_DIR)
     except OSError:
-        return 0
-    for name in names:
-        m = _NAME.fullmatch(name)
-        if m is None or m.group(1) != uid or os.path.exists(f"/proc/{m.group(2)}"):
-            continue
+        return []
+    return [n for n in names if (m := NAME.fullmatch(n)) and m.group(1) == uid
+            and m.group(2) == ns and not os.path.exists(f"/proc/{m.group(3)}")]
+
+
+def sweep() -> int:
+    """Remove :func:`orphans`; how many."""
+    removed = 0
+    for name in orphans():
         try:
             os.unlink(os.path.join(SHM_DIR, name))
             removed += 1
@@ -138,7 +152,7 @@ class SendRing:
     def __init__(self, capacity: int):
         sweep()
         self.capacity = capacity
-        self.name = f"kvx-{os.geteuid()}-{os.getpid()}-{os.urandom(6).hex()}"
+        self.name = f"kvx-{os.geteuid()}-{pid_namespace()}-{os.getpid()}-{os.urandom(6).hex()}"
         self.path = os.path.join(SHM_DIR, self.name)
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW, 0o600)
         try:
@@ -328,7 +342,7 @@ def read_descriptor(key: bytes, nonce: bytes, data: bytes):
         raise ValueError("descriptor's frame count does not fit it")
     sizes = list(struct.unpack_from(f"<{count}Q", body, _FIXED.size))
     name = raw.rstrip(b"\0").decode("ascii", "replace")
-    if _NAME.fullmatch(name) is None or not 0 < capacity <= RING_MAX_BYTES:
+    if NAME.fullmatch(name) is None or not 0 < capacity <= RING_MAX_BYTES:
         raise ValueError("descriptor names no ring of this job")
     return name, capacity, start, end, sizes
 

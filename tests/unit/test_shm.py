@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(shm.host_token() is None, reason="no /dev/shm on
 
 def ours() -> set:
     """This process's rings in /dev/shm."""
-    mine = f"kvx-{os.geteuid()}-{os.getpid()}-"
+    mine = f"kvx-{os.geteuid()}-{shm.pid_namespace()}-{os.getpid()}-"
     return {n for n in os.listdir(shm.SHM_DIR) if n.startswith(mine)}
 
 
@@ -166,16 +166,20 @@ def test_rings_of_dead_creators_are_swept_and_live_ones_kept(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
     pid = int(dead.stdout)
-    stale = os.path.join(shm.SHM_DIR, f"kvx-{os.geteuid()}-{pid}-{'ab' * 6}")
-    live = os.path.join(shm.SHM_DIR, f"kvx-{os.geteuid()}-{os.getpid()}-{'cd' * 6}")
-    for path in (stale, live):
+    ns = shm.pid_namespace()
+    stale = os.path.join(shm.SHM_DIR, f"kvx-{os.geteuid()}-{ns}-{pid}-{'ab' * 6}")
+    live = os.path.join(shm.SHM_DIR, f"kvx-{os.geteuid()}-{ns}-{os.getpid()}-{'cd' * 6}")
+    # a ring of a process of another PID namespace (a container sharing /dev/shm): its pid
+    # means nothing here, and it is never swept from here
+    elsewhere = os.path.join(shm.SHM_DIR, f"kvx-{os.geteuid()}-1{ns}-{pid}-{'ef' * 6}")
+    for path in (stale, live, elsewhere):
         with open(path, "wb") as f:
             f.write(b"x")
     try:
         assert shm.sweep() >= 1
-        assert not os.path.exists(stale) and os.path.exists(live)
+        assert not os.path.exists(stale) and os.path.exists(live) and os.path.exists(elsewhere)
     finally:
-        for path in (stale, live):
+        for path in (stale, live, elsewhere):
             if os.path.exists(path):
                 os.unlink(path)
 

@@ -140,8 +140,13 @@ def test_a_second_trainers_store_never_trains_the_first_ones_weights(run_job, kv
             # of the weight 0, and the servers, 2 rounds on, dropped it (0.58)
             assert r["same_parameters"] == pytest.approx([0.56] * 3, abs=1e-6), r
             assert r["first_after"] == pytest.approx([0.54] * 3, abs=1e-6), r
-        else:   # the pushes of a step land one by one
-            assert all(0.5 < v < 0.61 for v in r["same_parameters"]), r
+        else:
+            # the pushes of a step land one by one, and nothing orders one worker's
+            # set_optimizer (the Trainer made again, lr 0.01) after the other's last pushes at
+            # lr 0.1 (seen once in CI, 0.76: k = 2): with k of the first 4 pushes applied at
+            # 0.1 (k >= 2, a worker's own go first), 1 - 0.1 k - 0.01 (4 - k) = 0.96 - 0.09 k,
+            # and a worker may read before the other's pushes are in: between 0.56 and 0.78
+            assert all(0.55 < v < 0.79 for v in r["same_parameters"]), r
             assert r["first_after"][0] < r["same_parameters"][0], r   # lr 0.01, not 0
 
 

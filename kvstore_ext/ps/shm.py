@@ -134,6 +134,16 @@ def orphans() -> list[str]:
             and m.group(2) == ns and not os.path.exists(f"/proc/{m.group(3)}")]
 
 
+def _cut(buffer, sizes, at: int = 0) -> list[memoryview]:
+    """Views of frames of ``sizes`` bytes laid out from ``at`` in ``buffer``, each starting
+    on a ``FRAME_ALIGN`` boundary (as :meth:`SendRing.write` places them)."""
+    whole, out = memoryview(buffer), []
+    for n in sizes:
+        out.append(whole[at:at + n])
+        at += _aligned(n)
+    return out
+
+
 def sweep() -> int:
     """Remove :func:`orphans`; how many."""
     removed = 0
@@ -196,12 +206,7 @@ class SendRing:
         return start, self.head, sizes
 
     def views(self, start: int, sizes) -> list[memoryview]:
-        whole = memoryview(self.data)
-        at, out = start % self.capacity, []
-        for n in sizes:
-            out.append(whole[at:at + n])
-            at += _aligned(n)
-        return out
+        return _cut(self.data, sizes, start % self.capacity)
 
     def unlink(self) -> None:
         try:
@@ -256,11 +261,7 @@ class ReceiveRing:
         copy[:] = self.data[at:at + total]
         if end > int(self._mark[0]):
             self._mark[0] = end
-        whole, at, out = memoryview(copy), 0, []
-        for n in sizes:
-            out.append(whole[at:at + n])
-            at += _aligned(n)
-        return out
+        return _cut(copy, sizes)
 
     def close(self) -> None:
         self._mark = self.data = None
@@ -307,7 +308,10 @@ class Lanes:
 
     def forget(self, to: str) -> None:
         """Close the rings to ``to`` (a new process under that name maps new ones)."""
-        for ring in [*self.retired.pop(to, []), *filter(None, [self.rings.pop(to, None)])]:
+        rings = self.retired.pop(to, [])
+        if to in self.rings:
+            rings.append(self.rings.pop(to))
+        for ring in rings:
             ring.close()
         self.failed.discard(to)
 
